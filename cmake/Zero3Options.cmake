@@ -1,0 +1,19 @@
+# Warning and sanitizer flags for project targets only (third-party headers are SYSTEM includes).
+add_library(zero3_warnings INTERFACE)
+target_compile_options(zero3_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-error=deprecated-declarations>
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Werror --Werror=all-warnings>)
+
+add_library(zero3_sanitizers INTERFACE)
+if(ZERO3_SANITIZE)
+  target_compile_options(zero3_sanitizers INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${ZERO3_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
+  target_link_options(zero3_sanitizers INTERFACE -fsanitize=${ZERO3_SANITIZE})
+endif()
+
+# zero3_add_library(name SOURCES...) : a static library with the project's flags.
+function(zero3_project_flags target)
+  target_link_libraries(${target} PRIVATE zero3_warnings)
+  target_link_libraries(${target} PUBLIC zero3_sanitizers)
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()

@@ -1,0 +1,222 @@
+// The optimizer block (DS_CONFIG §2). DeepSpeed passes "params" to the constructor as keyword arguments, so
+// a parameter the type does not take is an error here too. "auto" values become the type's defaults.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+
+#include "parse_blocks.hpp"
+
+namespace zero3::config::detail {
+
+namespace {
+
+std::string lowercase(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  return out;
+}
+
+// DeepSpeed's own optimizer names (matched case-insensitively) that zero3 does not implement.
+constexpr std::array<std::string_view, 8> kDsOtherOptimizers = {"lamb", "onebitadam", "zerooneadam", "onebitlamb",
+                                                                "muon", "muadam",     "muadamw",     "musgd"};
+// torch.optim classes DeepSpeed falls back to (matched case-sensitively).
+constexpr std::array<std::string_view, 11> kTorchOptimizers = {
+    "SGD", "RMSprop", "Adadelta", "Adamax", "ASGD", "LBFGS", "NAdam", "RAdam", "Rprop", "SparseAdam", "Adafactor"};
+
+// "auto" for an optimizer hyper-parameter: zero3 has no trainer arguments to copy, so the type's default.
+void auto_to_default(ObjectReader& r, std::string_view key, Got got, std::string value, std::string_view type) {
+  if (got == Got::automatic) {
+    r.sink().resolved(r.path_of(key), std::move(value),
+                      fmt::format("\"auto\": the {} default (no trainer arguments to take it from)", type));
+  }
+}
+
+void read_betas(ObjectReader& r, std::array<double, 2>& betas, std::string_view type) {
+  if (r.is_auto("betas")) {
+    r.raw("betas");
+    auto_to_default(r, "betas", Got::automatic, fmt::format("[{}, {}]", json_text(betas[0]), json_text(betas[1])),
+                    type);
+    return;
+  }
+  const Json* j = r.raw("betas");
+  if (j == nullptr) return;
+  if (!j->is_array() || j->size() != 2) {
+    r.error("betas", fmt::format("expected a list of 2 numbers [beta1, beta2], got {}",
+                                 j->is_array() ? fmt::format("a list of {}", j->size()) : describe(*j)));
+    return;
+  }
+  std::array<double, 2> v{};
+  bool ok = true;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const Json& b = (*j)[i];
+    const std::string path = index_path(r.path_of("betas"), i);
+    if (!b.is_number()) {
+      r.sink().error(path, fmt::format("expected a number in [0, 1), got {}", describe(b)));
+      ok = false;
+      continue;
+    }
+    v[i] = b.get<double>();
+    if (!(v[i] >= 0.0 && v[i] < 1.0)) {
+      r.sink().error(path, fmt::format("must be in [0, 1), got {}", b.dump()));
+      ok = false;
+    }
+  }
+  if (ok) betas = v;
+}
+
+void reject_max_grad_norm(ObjectReader& r) {
+  if (r.raw("max_grad_norm") != nullptr) {
+    r.error("max_grad_norm", "not allowed in optimizer params (DeepSpeed raises); use the top-level gradient_clipping");
+  }
+}
+
+void parse_adam(ObjectReader& r, OptimizerConfig& o) {
+  const std::string_view name = o.type == OptimizerType::adam ? "Adam" : "AdamW";
+  auto_to_default(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), json_text(o.lr), name);
+  read_betas(r, o.betas, name);
+  auto_to_default(r, "eps", r.get_number("eps", o.eps, NumRange::above(0.0)), json_text(o.eps), name);
+  auto_to_default(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)),
+                  json_text(o.weight_decay), name);
+  r.get_bool("bias_correction", o.bias_correction);
+  bool adam_w_mode = true;  // DeepSpeed's default
+  const Got mode = r.get_bool("adam_w_mode", adam_w_mode);
+  if (o.type == OptimizerType::adamw && mode == Got::value && !adam_w_mode) {
+    r.warning("adam_w_mode",
+              "false has no effect with type AdamW (DeepSpeed: decoupled = type is AdamW or "
+              "adam_w_mode); use type Adam for L2 regularisation");
+  }
+  o.decoupled_weight_decay = o.type == OptimizerType::adamw || adam_w_mode;
+  r.not_implemented_if_true("amsgrad", "AMSGrad is not implemented");
+  r.get_bool("torch_adam", o.torch_adam);
+  if (r.get_bool("fp32_optimizer_states", o.fp32_optimizer_states) == Got::value && !o.fp32_optimizer_states) {
+    r.not_implemented("fp32_optimizer_states", "16-bit optimizer states are not implemented");
+  }
+  r.get_bool("set_grad_none", o.set_grad_none);
+  reject_max_grad_norm(r);
+}
+
+void parse_lion(ObjectReader& r, OptimizerConfig& o) {
+  auto_to_default(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), json_text(o.lr), "Lion");
+  read_betas(r, o.betas, "Lion");
+  auto_to_default(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)),
+                  json_text(o.weight_decay), "Lion");
+  if (r.get_bool("fp32_optimizer_states", o.fp32_optimizer_states) == Got::value && !o.fp32_optimizer_states) {
+    r.not_implemented("fp32_optimizer_states", "16-bit optimizer states are not implemented");
+  }
+  r.get_bool("set_grad_none", o.set_grad_none);
+  reject_max_grad_norm(r);
+}
+
+void parse_adagrad(ObjectReader& r, OptimizerConfig& o) {
+  o.lr = 1e-2;
+  o.eps = 1e-10;
+  auto_to_default(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), json_text(o.lr), "Adagrad");
+  auto_to_default(r, "eps", r.get_number("eps", o.eps, NumRange::above(0.0)), json_text(o.eps), "Adagrad");
+  auto_to_default(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)),
+                  json_text(o.weight_decay), "Adagrad");
+  for (std::string_view key : {"lr_decay", "initial_accumulator_value"}) {
+    double v = 0.0;
+    if (r.get_number(key, v, NumRange::at_least(0.0)) == Got::value && v != 0.0) {
+      r.not_implemented(key, fmt::format("Adagrad {} != 0 is not implemented", key));
+    }
+  }
+  r.not_implemented_if_true("amsgrad", "AMSGrad is not implemented");
+  r.not_implemented_if_true("maximize", "maximize is not implemented");
+  if (r.get_bool("fp32_optimizer_states", o.fp32_optimizer_states) == Got::value && !o.fp32_optimizer_states) {
+    r.not_implemented("fp32_optimizer_states", "16-bit optimizer states are not implemented");
+  }
+  for (std::string_view key : {"foreach", "fused"}) {
+    const Json* j = r.raw(key);
+    if (j != nullptr && !j->is_boolean() && !j->is_null()) {
+      r.error(key, fmt::format("expected true, false or null, got {}", describe(*j)));
+    }
+  }
+  bool differentiable = false;
+  r.get_bool("differentiable", differentiable);
+  reject_max_grad_norm(r);
+}
+
+}  // namespace
+
+void parse_optimizer(ObjectReader& top, Context& cx) {
+  if (!top.has("optimizer")) {
+    cx.sink.not_implemented("optimizer",
+                            "no optimizer block: zero3 trains only with a configured optimizer "
+                            "(DeepSpeed would expect a client optimizer or run ZeRO-3 inference)");
+    top.skip("optimizer");
+    return;
+  }
+  const Json* j = top.get_object("optimizer");
+  if (j == nullptr) return;
+  ObjectReader r(*j, "optimizer", "optimizer", cx.sink);
+  OptimizerConfig o;
+  std::string type;
+  const Got got = r.get_string("type", type);
+  r.get_bool("legacy_fusion", o.legacy_fusion);
+  const Json* params = r.get_object("params");
+  if (got == Got::absent) r.error("type", "required key is missing (Adam, AdamW, Lion or Adagrad)");
+  if (got != Got::value) {
+    r.finish();
+    return;
+  }
+  const std::string lower = lowercase(type);
+  std::string_view block;
+  if (lower == "adam" || lower == "adamw") {
+    o.type = lower == "adam" ? OptimizerType::adam : OptimizerType::adamw;
+    block = "optimizer.params (Adam/AdamW)";
+  } else if (lower == "lion") {
+    o.type = OptimizerType::lion;
+    block = "optimizer.params (Lion)";
+  } else if (lower == "adagrad") {
+    o.type = OptimizerType::adagrad;
+    block = "optimizer.params (Adagrad)";
+  } else {
+    const bool ds_other =
+        std::find(kDsOtherOptimizers.begin(), kDsOtherOptimizers.end(), lower) != kDsOtherOptimizers.end();
+    const bool torch = std::find(kTorchOptimizers.begin(), kTorchOptimizers.end(), type) != kTorchOptimizers.end();
+    if (ds_other || torch) {
+      const bool one_bit = lower == "onebitadam" || lower == "zerooneadam" || lower == "onebitlamb";
+      if (one_bit && cx.config.zero.stage > 0) {
+        r.error("type", fmt::format("{} is incompatible with ZeRO (DeepSpeed asserts)", type));
+      } else if (cx.config.zero.stage > 0 && lower != "muon" && !cx.config.zero_allow_untested_optimizer) {
+        r.error("type", fmt::format("{} is not in DeepSpeed's tested ZeRO optimizer list; DeepSpeed requires "
+                                    "zero_allow_untested_optimizer: true",
+                                    type));
+      }
+      r.not_implemented("type", fmt::format("optimizer {} is not implemented (zero3 has Adam, AdamW, Lion, Adagrad); "
+                                            "its params are not checked",
+                                            type));
+      if (params != nullptr) r.skip("params");
+      r.finish();
+      return;
+    }
+    constexpr std::array<std::string_view, 4> kOurs = {"Adam", "AdamW", "Lion", "Adagrad"};
+    std::string_view guess = closest_name(type, kOurs);
+    if (guess.empty()) guess = closest_name(type, kTorchOptimizers);
+    r.error("type", fmt::format("unknown optimizer type \"{}\"{}", type,
+                                guess.empty() ? std::string(" (zero3 implements Adam, AdamW, Lion, Adagrad)")
+                                              : fmt::format(" (did you mean '{}'?)", guess)));
+    r.finish();
+    return;
+  }
+  ObjectReader p(params ? *params : empty_object(), r.path_of("params"), block, cx.sink);
+  switch (o.type) {
+    case OptimizerType::adam:
+    case OptimizerType::adamw:
+      parse_adam(p, o);
+      break;
+    case OptimizerType::lion:
+      parse_lion(p, o);
+      break;
+    case OptimizerType::adagrad:
+      parse_adagrad(p, o);
+      break;
+  }
+  p.finish();
+  r.finish();
+  cx.config.optimizer = o;
+}
+
+}  // namespace zero3::config::detail

@@ -1,0 +1,389 @@
+#include "reader.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "zero3/core/error.hpp"
+
+namespace zero3::config::detail {
+
+namespace {
+
+char lower(char c) {
+  return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+}
+
+bool iequal(std::string_view a, std::string_view b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return lower(x) == lower(y); });
+}
+
+std::string range_text(const IntRange& r) {
+  if (r.min && r.max) return fmt::format("in [{}, {}]", *r.min, *r.max);
+  if (r.min) return *r.min == 1 ? std::string("> 0") : fmt::format(">= {}", *r.min);
+  if (r.max) return fmt::format("<= {}", *r.max);
+  return {};
+}
+
+std::string range_text(const NumRange& r) {
+  if (r.min && r.max) {
+    return fmt::format("in {}{}, {}{}", r.min_open ? '(' : '[', *r.min, *r.max, r.max_open ? ')' : ']');
+  }
+  if (r.min) return fmt::format("{} {}", r.min_open ? ">" : ">=", *r.min);
+  if (r.max) return fmt::format("{} {}", r.max_open ? "<" : "<=", *r.max);
+  return {};
+}
+
+bool in_range(double v, const NumRange& r) {
+  if (r.min && (r.min_open ? !(v > *r.min) : !(v >= *r.min))) return false;
+  if (r.max && (r.max_open ? !(v < *r.max) : !(v <= *r.max))) return false;
+  return true;
+}
+
+}  // namespace
+
+std::string describe(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return j.get<bool>() ? "true" : "false";
+    case Json::value_t::string:
+      return fmt::format("the string {}", j.dump());
+    case Json::value_t::object:
+      return "an object";
+    case Json::value_t::array:
+      return "an array";
+    default:
+      return j.dump();
+  }
+}
+
+std::string json_text(std::int64_t v) {
+  return std::to_string(v);
+}
+std::string json_text(double v) {
+  return Json(v).dump();
+}
+std::string json_text(bool v) {
+  return v ? "true" : "false";
+}
+std::string json_text(std::string_view v) {
+  return Json(std::string(v)).dump();
+}
+
+std::string block_label(std::string_view block) {
+  return block.empty() ? std::string("(top level)") : std::string(block);
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t subst = prev[j - 1] + (lower(a[i - 1]) == lower(b[j - 1]) ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, subst});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string_view closest_name(std::string_view s, std::span<const std::string_view> names) {
+  std::string_view best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (auto n : names) {
+    const std::size_t d = edit_distance(s, n);
+    if (d < best_d) {
+      best_d = d;
+      best = n;
+    }
+  }
+  return best_d <= std::max<std::size_t>(2, s.size() / 3) ? best : std::string_view{};
+}
+
+const Json& empty_object() {
+  static const Json kEmpty = Json::object();
+  return kEmpty;
+}
+
+ObjectReader::ObjectReader(const Json& object, std::string path, std::string_view block, Sink& sink)
+    : object_(object), path_(std::move(path)), block_(block), sink_(sink) {
+  ZERO3_CHECK(object_.is_object(), "ObjectReader needs a JSON object");
+}
+
+const KeySpec& ObjectReader::spec(std::string_view key) const {
+  const KeySpec* s = find_key(block_, key);
+  if (s == nullptr) {
+    throw UsageError(fmt::format("config parser reads '{}' in block '{}', which the schema does not list", key,
+                                 block_label(block_)));
+  }
+  return *s;
+}
+
+bool ObjectReader::has(std::string_view key) const {
+  return object_.find(key) != object_.end();
+}
+
+bool ObjectReader::is_auto(std::string_view key) const {
+  auto it = object_.find(key);
+  return it != object_.end() && it->is_string() && it->get_ref<const std::string&>() == "auto";
+}
+
+std::string_view ObjectReader::pick(std::string_view primary, std::string_view alias) {
+  const bool p = has(primary), a = has(alias);
+  if (p && a) {
+    error(alias, fmt::format("both '{}' and its alias '{}' are given; keep one", primary, alias));
+    skip(alias);
+  }
+  return (a && !p) ? alias : primary;
+}
+
+const Json* ObjectReader::raw(std::string_view key) {
+  spec(key);
+  consumed_.insert(std::string(key));
+  auto it = object_.find(key);
+  return it == object_.end() ? nullptr : &*it;
+}
+
+const Json* ObjectReader::lookup(std::string_view key, Got& got, bool null_is_absent, bool auto_is_value) {
+  const Json* j = raw(key);
+  if (j == nullptr || (null_is_absent && j->is_null())) {
+    got = Got::absent;
+    return nullptr;
+  }
+  if (!auto_is_value && j->is_string() && j->get_ref<const std::string&>() == "auto") {
+    got = Got::automatic;
+    return nullptr;
+  }
+  got = Got::value;
+  return j;
+}
+
+Got ObjectReader::on_auto(std::string_view key, const std::string& default_text) {
+  switch (spec(key).auto_rule) {
+    case AutoRule::rejected:
+      error(key, "\"auto\" is not accepted here (DeepSpeed would pass the string on unchanged); give a value");
+      return Got::invalid;
+    case AutoRule::ds_default:
+      sink_.resolved(path_of(key), default_text, "\"auto\": the DeepSpeed default");
+      return Got::automatic;
+    case AutoRule::resolved:
+      return Got::automatic;
+  }
+  return Got::invalid;
+}
+
+Got ObjectReader::type_error(std::string_view key, std::string_view expected, const Json& j) {
+  error(key, fmt::format("expected {}, got {}", expected, describe(j)));
+  return Got::invalid;
+}
+
+Got ObjectReader::get_bool(std::string_view key, bool& out) {
+  Got got;
+  const Json* j = lookup(key, got);
+  if (got == Got::automatic) return on_auto(key, json_text(out));
+  if (j == nullptr) return got;
+  if (!j->is_boolean()) return type_error(key, "true or false", *j);
+  out = j->get<bool>();
+  return Got::value;
+}
+
+namespace {
+
+// Integral JSON numbers, and floats with no fractional part (5e8), become int64.
+std::optional<std::int64_t> as_int(const Json& j, bool& fractional) {
+  fractional = false;
+  if (j.is_number_unsigned()) {
+    const auto u = j.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return std::nullopt;
+    return static_cast<std::int64_t>(u);
+  }
+  if (j.is_number_integer()) return j.get<std::int64_t>();
+  if (j.is_number_float()) {
+    const double d = j.get<double>();
+    if (!std::isfinite(d)) return std::nullopt;
+    if (std::trunc(d) != d) {
+      fractional = true;
+      return std::nullopt;
+    }
+    // 2^63 is exactly representable; anything at or beyond it does not fit.
+    if (d >= 9223372036854775808.0 || d < -9223372036854775808.0) return std::nullopt;
+    return static_cast<std::int64_t>(d);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Got ObjectReader::get_int(std::string_view key, std::int64_t& out, IntRange range) {
+  Got got;
+  const Json* j = lookup(key, got);
+  if (got == Got::automatic) return on_auto(key, json_text(out));
+  if (j == nullptr) return got;
+  const std::string expected = range.min || range.max ? "an integer " + range_text(range) : "an integer";
+  if (!j->is_number()) return type_error(key, expected, *j);
+  bool fractional = false;
+  auto v = as_int(*j, fractional);
+  if (!v) {
+    if (fractional) {
+      error(key, fmt::format("expected {}, got {} (a fractional number)", expected, j->dump()));
+    } else {
+      error(key, fmt::format("expected {}, got {} (out of the 64-bit integer range)", expected, j->dump()));
+    }
+    return Got::invalid;
+  }
+  if ((range.min && *v < *range.min) || (range.max && *v > *range.max)) {
+    error(key, fmt::format("must be {}, got {}", range_text(range), j->dump()));
+    return Got::invalid;
+  }
+  out = *v;
+  return Got::value;
+}
+
+Got ObjectReader::get_optional_int(std::string_view key, std::optional<std::int64_t>& out, IntRange range) {
+  if (has(key) && object_.find(key)->is_null()) {
+    consumed_.insert(std::string(key));
+    spec(key);
+    out.reset();
+    return Got::absent;
+  }
+  std::int64_t v = out.value_or(0);
+  Got got = get_int(key, v, range);
+  if (got == Got::value) out = v;
+  return got;
+}
+
+Got ObjectReader::get_number(std::string_view key, double& out, NumRange range) {
+  Got got;
+  const Json* j = lookup(key, got);
+  if (got == Got::automatic) return on_auto(key, json_text(out));
+  if (j == nullptr) return got;
+  const std::string expected = range.min || range.max ? "a number " + range_text(range) : "a number";
+  if (!j->is_number()) return type_error(key, expected, *j);
+  const double v = j->get<double>();
+  if (!std::isfinite(v)) return type_error(key, "a finite number", *j);
+  if (!in_range(v, range)) {
+    error(key, fmt::format("must be {}, got {}", range_text(range), j->dump()));
+    return Got::invalid;
+  }
+  out = v;
+  return Got::value;
+}
+
+Got ObjectReader::get_string(std::string_view key, std::string& out) {
+  Got got;
+  const Json* j = lookup(key, got);
+  if (got == Got::automatic) return on_auto(key, json_text(out));
+  if (j == nullptr) return got;
+  if (!j->is_string()) return type_error(key, "a string", *j);
+  out = j->get<std::string>();
+  return Got::value;
+}
+
+Got ObjectReader::get_optional_string(std::string_view key, std::optional<std::string>& out) {
+  Got got;
+  const Json* j = lookup(key, got, /*null_is_absent=*/true);
+  if (got == Got::automatic) return on_auto(key, out ? json_text(*out) : std::string("null"));
+  if (j == nullptr) {
+    if (has(key)) out.reset();  // explicit null
+    return got;
+  }
+  if (!j->is_string()) return type_error(key, "a string or null", *j);
+  out = j->get<std::string>();
+  return Got::value;
+}
+
+Got ObjectReader::get_choice(std::string_view key, std::string& out, std::initializer_list<std::string_view> choices,
+                             bool ignore_case) {
+  const bool auto_is_choice = std::find(choices.begin(), choices.end(), "auto") != choices.end();
+  Got got;
+  const Json* j = lookup(key, got, false, auto_is_choice);
+  if (got == Got::automatic) return on_auto(key, json_text(out));
+  if (j == nullptr) return got;
+  std::string list;
+  for (auto c : choices) list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", c);
+  if (!j->is_string()) return type_error(key, "one of " + list, *j);
+  const auto& s = j->get_ref<const std::string&>();
+  for (auto c : choices) {
+    if (ignore_case ? iequal(s, c) : s == c) {
+      out = std::string(c);
+      return Got::value;
+    }
+  }
+  error(key, fmt::format("expected one of {}{}, got {}", list, ignore_case ? " (any case)" : "", describe(*j)));
+  return Got::invalid;
+}
+
+const Json* ObjectReader::get_object(std::string_view key, bool null_ok) {
+  const Json* j = raw(key);
+  if (j == nullptr) return nullptr;
+  if (j->is_null() && null_ok) return nullptr;
+  if (!j->is_object()) {
+    type_error(key, null_ok ? "an object or null" : "an object", *j);
+    return nullptr;
+  }
+  return j;
+}
+
+bool ObjectReader::not_implemented_if_true(std::string_view key, std::string_view what) {
+  bool v = false;
+  if (get_bool(key, v) == Got::value && v) not_implemented(key, std::string(what));
+  return v;
+}
+
+void ObjectReader::skip_known() {
+  for (const auto& item : object_.items()) {
+    if (find_key(block_, item.key()) != nullptr) consumed_.insert(item.key());
+  }
+}
+
+void ObjectReader::finish() {
+  if (finished_) return;
+  finished_ = true;
+  const auto keys = known_keys();
+  for (const auto& item : object_.items()) {
+    const std::string& key = item.key();
+    if (consumed_.count(key) != 0) continue;
+    if (find_key(block_, key) != nullptr) {
+      sink_.error(path_of(key), "internal error: zero3's parser does not read this known key (please report)");
+      continue;
+    }
+    // Did you mean: the closest key of this block, if close enough to be a plausible typo.
+    std::string_view best;
+    std::size_t best_d = std::numeric_limits<std::size_t>::max();
+    for (const auto& k : keys) {
+      if (k.block != block_) continue;
+      const std::size_t d = edit_distance(key, k.key);
+      if (d < best_d) {
+        best_d = d;
+        best = k.key;
+      }
+    }
+    const std::size_t limit = std::max<std::size_t>(2, key.size() / 3);
+    if (!best.empty() && best_d <= limit) {
+      sink_.error(path_of(key), fmt::format("unknown key (did you mean '{}'?)", best));
+      continue;
+    }
+    // Maybe a real key written in the wrong block.
+    std::vector<std::string> elsewhere;
+    for (const auto& k : keys) {
+      if (k.block != block_ && k.key == key) elsewhere.push_back(block_label(k.block));
+    }
+    if (!elsewhere.empty()) {
+      std::string where;
+      for (const auto& e : elsewhere) where += fmt::format("{}'{}'", where.empty() ? "" : ", ", e);
+      sink_.error(path_of(key), fmt::format("unknown key here (it is a key of {})", where));
+    } else {
+      sink_.error(path_of(key), fmt::format("unknown key (not a key of {})", block_label(block_)));
+    }
+  }
+}
+
+}  // namespace zero3::config::detail

@@ -1,0 +1,149 @@
+// The typed view of one JSON object used by every block parser: getters that check type, range and "auto"
+// and report problems by JSON path, plus the end-of-block check that turns every key the schema does not
+// know into an error with a did-you-mean. One Sink collects all diagnostics of a parse. Internal.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "json_reader.hpp"
+#include "zero3/config/parse.hpp"
+#include "zero3/config/schema.hpp"
+
+namespace zero3::config::detail {
+
+class Sink {
+ public:
+  explicit Sink(ParseResult& result) : result_(result) {}
+  void error(std::string path, std::string message) { result_.errors.push_back({std::move(path), std::move(message)}); }
+  void warning(std::string path, std::string message) {
+    result_.warnings.push_back({std::move(path), std::move(message)});
+  }
+  void not_implemented(std::string path, std::string message) {
+    result_.not_implemented.push_back({std::move(path), std::move(message)});
+  }
+  void resolved(std::string path, std::string value, std::string reason) {
+    result_.resolved.push_back({std::move(path), std::move(value), std::move(reason)});
+  }
+  std::size_t error_count() const { return result_.errors.size(); }
+
+ private:
+  ParseResult& result_;
+};
+
+// How a getter found its key.
+enum class Got : std::uint8_t {
+  absent,     // not in the object (or null where null means "not set"); the output keeps its default
+  value,      // a valid value was stored
+  automatic,  // the string "auto"; for AutoRule::ds_default the default was kept and recorded
+  invalid,    // wrong type or out of range; an error was reported and the output keeps its default
+};
+
+struct IntRange {
+  std::optional<std::int64_t> min;
+  std::optional<std::int64_t> max;
+
+  static IntRange at_least(std::int64_t lo) { return {lo, std::nullopt}; }
+  static IntRange between(std::int64_t lo, std::int64_t hi) { return {lo, hi}; }
+};
+
+struct NumRange {
+  std::optional<double> min;
+  std::optional<double> max;
+  bool min_open = false;  // min itself is excluded
+  bool max_open = false;  // max itself is excluded
+
+  static NumRange at_least(double lo) { return {lo, std::nullopt, false, false}; }
+  static NumRange above(double lo) { return {lo, std::nullopt, true, false}; }
+  static NumRange between(double lo, double hi) { return {lo, hi, false, false}; }
+  static NumRange half_open(double lo, double hi) { return {lo, hi, false, true}; }  // [lo, hi)
+  static NumRange open(double lo, double hi) { return {lo, hi, true, true}; }        // (lo, hi)
+};
+
+// "5.5", "true", "null", "the string \"abc\"", "an object", "an array".
+std::string describe(const Json& j);
+// A value as JSON text, for resolutions: 8, 0.0001, true, "cpu".
+std::string json_text(std::int64_t v);
+std::string json_text(double v);
+std::string json_text(bool v);
+std::string json_text(std::string_view v);
+// Display name of a schema block: "(top level)" for "".
+std::string block_label(std::string_view block);
+// Edit distance between two keys (ASCII case-insensitive).
+std::size_t edit_distance(std::string_view a, std::string_view b);
+// The name in `names` closest to `s` when close enough to be a plausible typo, else empty.
+std::string_view closest_name(std::string_view s, std::span<const std::string_view> names);
+// An empty JSON object, for blocks that are absent.
+const Json& empty_object();
+
+class ObjectReader {
+ public:
+  // `object` must be a JSON object; `block` names its schema block (see schema.hpp).
+  ObjectReader(const Json& object, std::string path, std::string_view block, Sink& sink);
+  ObjectReader(const ObjectReader&) = delete;
+  ObjectReader& operator=(const ObjectReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string path_of(std::string_view key) const { return join_path(path_, key); }
+  Sink& sink() { return sink_; }
+  bool has(std::string_view key) const;
+  bool is_auto(std::string_view key) const;
+
+  // Of a key and its alias, returns the one present (the primary when neither is); both present is an error.
+  std::string_view pick(std::string_view primary, std::string_view alias);
+
+  // The raw value, marked as read; nullptr when absent.
+  const Json* raw(std::string_view key);
+  // Marks a key as read without looking at it (contents deliberately unchecked).
+  void skip(std::string_view key) { consumed_.insert(std::string(key)); }
+  // Marks every present key the schema knows for this block as read: keys checked, values not.
+  void skip_known();
+
+  Got get_bool(std::string_view key, bool& out);
+  Got get_int(std::string_view key, std::int64_t& out, IntRange range = {});
+  Got get_number(std::string_view key, double& out, NumRange range = {});
+  Got get_string(std::string_view key, std::string& out);
+  // null counts as absent and resets the output to nullopt.
+  Got get_optional_int(std::string_view key, std::optional<std::int64_t>& out, IntRange range = {});
+  Got get_optional_string(std::string_view key, std::optional<std::string>& out);
+  // One of `choices`; ignore_case compares ASCII case-insensitively and stores the canonical spelling.
+  Got get_choice(std::string_view key, std::string& out, std::initializer_list<std::string_view> choices,
+                 bool ignore_case = false);
+  // A sub-object: nullptr when absent, null (if null_ok) or not an object (an error is reported).
+  const Json* get_object(std::string_view key, bool null_ok = false);
+
+  // Reads a bool (default false) and reports `what` as not implemented when it is true.
+  bool not_implemented_if_true(std::string_view key, std::string_view what);
+  void not_implemented(std::string_view key, std::string message) {
+    sink_.not_implemented(path_of(key), std::move(message));
+  }
+  void error(std::string_view key, std::string message) { sink_.error(path_of(key), std::move(message)); }
+  void warning(std::string_view key, std::string message) { sink_.warning(path_of(key), std::move(message)); }
+
+  // Reports every key the schema does not know for this block, with a did-you-mean. Every known key must
+  // have been read (a parser bug otherwise, reported as an internal error).
+  void finish();
+
+ private:
+  const KeySpec& spec(std::string_view key) const;
+  // Common prologue of the getters: marks the key read; nullptr with `got` = absent when missing (or null and
+  // null_is_absent), nullptr with `got` = automatic for the string "auto" unless auto_is_value.
+  const Json* lookup(std::string_view key, Got& got, bool null_is_absent = false, bool auto_is_value = false);
+  // Applies the key's AutoRule to an "auto" value; `default_text` is the value kept for ds_default.
+  Got on_auto(std::string_view key, const std::string& default_text);
+  Got type_error(std::string_view key, std::string_view expected, const Json& j);
+
+  const Json& object_;
+  std::string path_;
+  std::string block_;
+  Sink& sink_;
+  std::set<std::string, std::less<>> consumed_;
+  bool finished_ = false;
+};
+
+}  // namespace zero3::config::detail

@@ -1,0 +1,271 @@
+#include "device_host.hpp"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "zero3/core/log.hpp"
+#include "zero3/kernels/kernels.hpp"
+
+namespace zero3 {
+
+// ---------------------------------------------------------------- events
+
+void HostMarker::complete() {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+void HostMarker::wait() {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return done_; });
+}
+
+bool HostMarker::done() {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+std::shared_ptr<HostMarker> HostEvent::begin_record() {
+  auto marker = std::make_shared<HostMarker>();
+  std::lock_guard lock(mutex_);
+  latest_ = marker;
+  return marker;
+}
+
+std::shared_ptr<HostMarker> HostEvent::latest() {
+  std::lock_guard lock(mutex_);
+  return latest_;
+}
+
+bool HostEvent::query() {
+  std::shared_ptr<HostMarker> marker = latest();
+  return marker == nullptr || marker->done();
+}
+
+void HostEvent::synchronize() {
+  if (std::shared_ptr<HostMarker> marker = latest()) marker->wait();
+}
+
+// ---------------------------------------------------------------- streams
+
+namespace {
+HostEvent& as_host_event(Event& event, std::string_view stream_name) {
+  auto* host_event = dynamic_cast<HostEvent*>(&event);
+  ZERO3_CHECK(host_event != nullptr,
+              fmt::format("host stream '{}' was given an event of another backend", stream_name));
+  return *host_event;
+}
+}  // namespace
+
+HostStream::HostStream(Device& device, std::string name)
+    : device_(device), name_(std::move(name)), worker_([this] { run(); }) {}
+
+HostStream::~HostStream() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  worker_.join();
+  if (error_ && !error_reported_) {
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      try {
+        log::warn("host stream '{}' destroyed with an unreported error: {}", name_, e.what());
+      } catch (...) {  // a destructor never throws
+      }
+    } catch (...) {
+    }
+  }
+}
+
+void HostStream::enqueue(Task task) {
+  {
+    std::lock_guard lock(mutex_);
+    ZERO3_CHECK(!stopping_, "work enqueued on a stream that is being destroyed");
+    queue_.push_back(std::move(task));
+    ++submitted_;
+  }
+  work_cv_.notify_one();
+}
+
+void HostStream::run() {
+  {
+    std::lock_guard lock(mutex_);
+    worker_id_ = std::this_thread::get_id();
+  }
+  for (;;) {
+    Task task;
+    bool skip = false;
+    {
+      std::unique_lock lock(mutex_);
+      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      skip = error_ != nullptr && !task.always_run;
+    }
+    std::exception_ptr failure;
+    if (!skip) {
+      try {
+        task.fn();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    // Destroy the task's captures (possibly the last owner of a Buffer) before the task counts as
+    // done, so a caller returning from synchronize() sees their effects, e.g. the memory accounting.
+    task.fn = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      if (failure && !error_) error_ = failure;
+      ++completed_;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+void HostStream::record(Event& event) {
+  std::shared_ptr<HostMarker> marker = as_host_event(event, name_).begin_record();
+  enqueue({[marker] { marker->complete(); }, true});
+}
+
+void HostStream::wait(Event& event) {
+  std::shared_ptr<HostMarker> marker = as_host_event(event, name_).latest();
+  if (marker == nullptr || marker->done()) return;  // never recorded or already reached: nothing to wait for
+  enqueue({[marker] { marker->wait(); }, true});
+}
+
+void HostStream::synchronize() {
+  std::unique_lock lock(mutex_);
+  ZERO3_CHECK(worker_id_ != std::this_thread::get_id(),
+              fmt::format("synchronize() of host stream '{}' called from its own host function", name_));
+  const std::uint64_t target = submitted_;
+  done_cv_.wait(lock, [&] { return completed_ >= target; });
+  if (error_) {
+    error_reported_ = true;
+    std::rethrow_exception(error_);
+  }
+}
+
+void HostStream::launch_host(std::function<void()> fn) {
+  ZERO3_CHECK(fn != nullptr, "launch_host: empty function");
+  enqueue({std::move(fn), false});
+}
+
+// ---------------------------------------------------------------- device
+
+std::string HostDevice::description() const {
+  if (options_.capacity_bytes) {
+    return fmt::format("host (simulated device, capacity {} bytes)", *options_.capacity_bytes);
+  }
+  return "host (simulated device)";
+}
+
+std::unique_ptr<Stream> HostDevice::create_stream(std::string name) {
+  return std::make_unique<HostStream>(*this, std::move(name));
+}
+
+std::unique_ptr<Event> HostDevice::create_event() {
+  return std::make_unique<HostEvent>();
+}
+
+void HostDevice::copy_async(BufferView dst, ConstBufferView src, Stream& stream) {
+  ZERO3_CHECK(&stream.device() == this,
+              fmt::format("copy_async: stream '{}' belongs to another device", stream.name()));
+  ZERO3_CHECK(dst.dtype == src.dtype,
+              fmt::format("copy_async: dtype mismatch (dst {}, src {})", dtype_name(dst.dtype), dtype_name(src.dtype)));
+  ZERO3_CHECK(dst.count == src.count,
+              fmt::format("copy_async: count mismatch (dst {} elements, src {} elements)", dst.count, src.count));
+  if (dst.count == 0) return;
+  stream.launch_host([dst, src] { std::memcpy(dst.data, src.data, src.size_bytes()); });
+}
+
+const kernels::KernelBackend& HostDevice::kernels() const {
+  return kernels::host_backend();
+}
+
+namespace {
+constexpr std::size_t kAlignment = 256;
+
+// Pinned buffers are whole pages: mlock/munlock work on pages and do not nest, so two buffers sharing
+// a page would unlock each other's memory on free.
+std::size_t alignment_for(MemoryKind kind) {
+  if (kind != MemoryKind::pinned_host) return kAlignment;
+  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return page > kAlignment ? page : kAlignment;
+}
+
+std::size_t rounded_size(std::size_t size_bytes, std::size_t alignment) {
+  return (size_bytes + alignment - 1) / alignment * alignment;
+}
+
+std::string memlock_limit_text() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_MEMLOCK, &lim) != 0) return "unknown";
+  if (lim.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return fmt::format("{} bytes", static_cast<unsigned long long>(lim.rlim_cur));
+}
+}  // namespace
+
+void* HostDevice::do_allocate(std::size_t size_bytes, MemoryKind kind) {
+  const std::size_t alignment = alignment_for(kind);
+  if (size_bytes > std::numeric_limits<std::size_t>::max() - alignment) {
+    throw OutOfMemory(fmt::format("host device: cannot allocate {} bytes of {} memory (size overflows)", size_bytes,
+                                  memory_kind_name(kind)));
+  }
+  if (kind == MemoryKind::device && options_.capacity_bytes) {
+    std::size_t in_use = device_bytes_in_use_.load();
+    do {
+      if (size_bytes > *options_.capacity_bytes - std::min(in_use, *options_.capacity_bytes)) {
+        throw OutOfMemory(
+            fmt::format("host device out of memory: cannot allocate {} bytes of device memory ({} of {} bytes in use)",
+                        size_bytes, in_use, *options_.capacity_bytes));
+      }
+    } while (!device_bytes_in_use_.compare_exchange_weak(in_use, in_use + size_bytes));
+  } else if (kind == MemoryKind::device) {
+    device_bytes_in_use_.fetch_add(size_bytes);
+  }
+  const std::size_t rounded = rounded_size(size_bytes, alignment);
+  void* p = std::aligned_alloc(alignment, rounded);
+  if (p == nullptr) {
+    if (kind == MemoryKind::device) device_bytes_in_use_.fetch_sub(size_bytes);
+    throw OutOfMemory(
+        fmt::format("host device: allocation of {} bytes of {} memory failed", size_bytes, memory_kind_name(kind)));
+  }
+  if (kind == MemoryKind::pinned_host && options_.lock_pinned && mlock(p, rounded) != 0) {
+    const int err = errno;
+    std::free(p);
+    throw OutOfMemory(fmt::format(
+        "host device: cannot pin {} bytes of host memory: mlock failed ({}); the memlock limit (ulimit -l) is {}; "
+        "raise it or create the device with lock_pinned = false",
+        size_bytes, std::strerror(err), memlock_limit_text()));
+  }
+  return p;
+}
+
+void HostDevice::do_free(void* ptr, std::size_t size_bytes, MemoryKind kind) noexcept {
+  if (kind == MemoryKind::pinned_host && options_.lock_pinned) {
+    munlock(ptr, rounded_size(size_bytes, alignment_for(kind)));
+  }
+  if (kind == MemoryKind::device) device_bytes_in_use_.fetch_sub(size_bytes);
+  std::free(ptr);
+}
+
+std::unique_ptr<Device> make_host_device(const HostDeviceOptions& options) {
+  return std::make_unique<HostDevice>(options);
+}
+
+}  // namespace zero3

@@ -1,0 +1,106 @@
+// Host backend: a simulated device in host memory. Each stream is an in-order queue executed by its
+// own worker thread, so work really runs asynchronously and a missing event shows up as a wrong
+// result in tests. Worker threads sleep on condition variables (never spin): with 4 ranks on 2 cores
+// a spinning thread would starve the one it waits for.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "zero3/device/device.hpp"
+
+namespace zero3 {
+
+// One record() of an event: done once the recording stream has run everything enqueued before it.
+// Each record makes a new marker, so a wait() keeps referring to the record it saw even when the
+// event is recorded again (possibly on another stream) before that record completes, as on CUDA.
+class HostMarker {
+ public:
+  void complete();
+  void wait();
+  bool done();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+class HostEvent final : public Event {
+ public:
+  bool query() override;
+  void synchronize() override;
+  // A fresh marker that becomes the event's latest record (HostStream::record enqueues it).
+  std::shared_ptr<HostMarker> begin_record();
+  // The latest record's marker; null when the event was never recorded (it counts as complete).
+  std::shared_ptr<HostMarker> latest();
+
+ private:
+  std::mutex mutex_;
+  std::shared_ptr<HostMarker> latest_;
+};
+
+class HostStream final : public Stream {
+ public:
+  HostStream(Device& device, std::string name);
+  ~HostStream() override;  // drains queued work, then joins the worker
+
+  Device& device() override { return device_; }
+  std::string_view name() const override { return name_; }
+  void record(Event& event) override;
+  void wait(Event& event) override;
+  void synchronize() override;
+  void launch_host(std::function<void()> fn) override;
+  void* native_handle() override { return nullptr; }
+
+ private:
+  struct Task {
+    std::function<void()> fn;
+    bool always_run = false;  // ordering markers run even after an error, so waiters never hang
+  };
+  void enqueue(Task task);
+  void run();
+
+  Device& device_;
+  std::string name_;
+  std::mutex mutex_;
+  std::condition_variable work_cv_;  // worker waits for tasks
+  std::condition_variable done_cv_;  // synchronize() waits for completion
+  std::deque<Task> queue_;
+  std::uint64_t submitted_ = 0;
+  std::uint64_t completed_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr error_;  // first failure of a host function; sticky
+  bool error_reported_ = false;
+  std::thread::id worker_id_;  // set by the worker under mutex_; synchronize() from a task would deadlock
+  std::thread worker_;         // declared last: started after every member it uses exists
+};
+
+class HostDevice final : public Device {
+ public:
+  explicit HostDevice(const HostDeviceOptions& options) : options_(options) {}
+  DeviceKind kind() const override { return DeviceKind::host; }
+  std::string description() const override;
+  std::unique_ptr<Stream> create_stream(std::string name) override;
+  std::unique_ptr<Event> create_event() override;
+  void copy_async(BufferView dst, ConstBufferView src, Stream& stream) override;
+  const kernels::KernelBackend& kernels() const override;
+
+ protected:
+  void* do_allocate(std::size_t size_bytes, MemoryKind kind) override;
+  void do_free(void* ptr, std::size_t size_bytes, MemoryKind kind) noexcept override;
+
+ private:
+  HostDeviceOptions options_;
+  std::atomic<std::size_t> device_bytes_in_use_{0};  // requested bytes of device kind, for the cap
+};
+
+}  // namespace zero3

@@ -1,0 +1,44 @@
+// The table of every config key zero3 knows: DeepSpeed's keys (by block) and zero3's own "zero3" block,
+// each with its type, default, what zero3 does with it and how "auto" is treated. The parser rejects keys
+// missing from this table; `zero3 config keys` and configs/README.md present it. Immutable static data.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace zero3::config {
+
+// What zero3 does with a key DeepSpeed knows.
+enum class Support : std::uint8_t {
+  implemented,      // honoured by zero3
+  not_implemented,  // accepted; a value that turns the feature on is reported "not implemented"
+  no_effect,        // accepted and type-checked; changes nothing in zero3 (stage 1/2-only or PyTorch-only knobs)
+  deprecated,       // accepted with a warning and mapped to its replacement
+  unchecked,        // a DeepSpeed block zero3 does not look inside; reported when it turns its feature on
+  rejected,         // known, but always an error (DeepSpeed rejects it too)
+};
+
+// How the string "auto" is treated for a key.
+enum class AutoRule : std::uint8_t {
+  rejected,    // "auto" is an error (DeepSpeed would pass the string on and fail later)
+  ds_default,  // the DeepSpeed default is used, as DeepSpeed's pydantic blocks do; recorded as a resolution
+  resolved,    // zero3 computes a value (batch rule, optimizer defaults, zero3.model.hidden_size, ...)
+};
+
+struct KeySpec {
+  std::string_view block;  // "" for top level, "zero_optimization.offload_param", "optimizer.params (Lion)"
+  std::string_view key;
+  std::string_view type;
+  std::string_view default_value;
+  Support support;
+  AutoRule auto_rule;
+  std::string_view note;  // what zero3 does with it; aliases and replacements are named here
+};
+
+std::span<const KeySpec> known_keys();
+const KeySpec* find_key(std::string_view block, std::string_view key);
+std::string_view to_string(Support s);
+std::string_view to_string(AutoRule r);
+
+}  // namespace zero3::config

@@ -1,0 +1,155 @@
+// Device, Stream, Event and Buffer: the narrow interface the engine uses for memory and ordering.
+// Two backends: host (a simulated device in host memory whose streams are in-order queues run by
+// their own worker threads, so ordering bugs show up on a CPU) and cuda. Every allocation goes
+// through Device::allocate and is accounted in the device's MemoryTracker by kind and category.
+// Streams and events may be used from any host thread; a Stream's methods are internally serialized.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "zero3/core/buffer_view.hpp"
+#include "zero3/core/memory.hpp"
+
+namespace zero3 {
+
+namespace kernels {
+class KernelBackend;
+}
+
+class Device;
+
+enum class DeviceKind { host, cuda };
+inline constexpr std::string_view device_kind_name(DeviceKind k) {
+  return k == DeviceKind::host ? "host" : "cuda";
+}
+
+// Marks a point in a stream. Like a CUDA event: wait()/query() refer to the most recent record() made
+// before the call; an event never recorded counts as complete.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Non-blocking: true when the work captured by the last record() has completed.
+  virtual bool query() = 0;
+  // Blocks the calling host thread until the work captured by the last record() has completed.
+  virtual void synchronize() = 0;
+};
+
+// An in-order queue of device work. Work enqueued on one stream runs in enqueue order; work on
+// different streams is unordered unless joined through events.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual Device& device() = 0;
+  virtual std::string_view name() const = 0;
+  // Non-blocking: `event` completes once everything enqueued on this stream so far has completed.
+  virtual void record(Event& event) = 0;
+  // Non-blocking: work enqueued on this stream after this call starts only after `event` completes
+  // (as recorded at the time of this call).
+  virtual void wait(Event& event) = 0;
+  // Blocks until all work enqueued so far has completed. Rethrows the first error raised by a host
+  // function on this stream (errors are sticky: the stream stays failed, as a CUDA stream would).
+  virtual void synchronize() = 0;
+  // Non-blocking: runs `fn` on a host thread in stream order (host backend: the stream's worker; cuda:
+  // cudaLaunchHostFunc). On cuda, `fn` must not call CUDA APIs. An exception from `fn` makes the stream
+  // failed (see synchronize).
+  virtual void launch_host(std::function<void()> fn) = 0;
+  // cudaStream_t for cuda, nullptr for host.
+  virtual void* native_handle() = 0;
+};
+
+// Move-only owner of one typed allocation; frees it (and updates the accounting) on destruction.
+// The owner must keep a buffer alive until work that uses it has completed.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  ~Buffer();
+
+  BufferView view() const { return {ptr_, count_, dtype_, kind_}; }
+  ConstBufferView cview() const { return view(); }
+  void* data() const { return ptr_; }
+  std::size_t count() const { return count_; }
+  DType dtype() const { return dtype_; }
+  std::size_t size_bytes() const { return count_ * size_of(dtype_); }
+  MemoryKind kind() const { return kind_; }
+  MemCategory category() const { return category_; }
+  bool empty() const { return ptr_ == nullptr; }
+  void reset() noexcept;
+
+ private:
+  friend class Device;
+  Buffer(Device* owner, void* ptr, std::size_t count, DType dtype, MemoryKind kind, MemCategory cat)
+      : owner_(owner), ptr_(ptr), count_(count), dtype_(dtype), kind_(kind), category_(cat) {}
+  Device* owner_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t count_ = 0;
+  DType dtype_ = DType::f32;
+  MemoryKind kind_ = MemoryKind::device;
+  MemCategory category_ = MemCategory::workspace;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  virtual DeviceKind kind() const = 0;
+  virtual std::string description() const = 0;
+
+  virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
+  virtual std::unique_ptr<Event> create_event() = 0;
+
+  // Blocking (host-side allocation). `count` elements of `dtype` in memory of `kind`, accounted under
+  // `category`. Throws OutOfMemory naming the request, the kind and what is in use. A zero count
+  // returns an empty buffer. Alignment is at least 256 bytes.
+  Buffer allocate(std::size_t count, DType dtype, MemoryKind kind, MemCategory category);
+
+  // Non-blocking: copies src into dst in stream order. Views must have the same dtype and count; any
+  // combination of memory kinds is allowed.
+  virtual void copy_async(BufferView dst, ConstBufferView src, Stream& stream) = 0;
+
+  // The element-wise kernels of this backend (kernels/).
+  virtual const kernels::KernelBackend& kernels() const = 0;
+
+  MemoryTracker& memory() { return memory_; }
+  const MemoryTracker& memory() const { return memory_; }
+
+ protected:
+  // Raw allocation and release of `size_bytes` (> 0) of `kind`. do_allocate throws OutOfMemory.
+  virtual void* do_allocate(std::size_t size_bytes, MemoryKind kind) = 0;
+  virtual void do_free(void* ptr, std::size_t size_bytes, MemoryKind kind) noexcept = 0;
+
+ private:
+  friend class Buffer;
+  void release(Buffer& b) noexcept;
+  MemoryTracker memory_;
+};
+
+struct HostDeviceOptions {
+  // Caps device-kind memory, so allocation fails like a full GPU. Unset: no cap.
+  std::optional<std::size_t> capacity_bytes;
+  // Pinned-host memory is page-locked (mlock). When locking fails (memlock limit), allocation throws
+  // OutOfMemory naming the limit.
+  bool lock_pinned = true;
+};
+
+std::unique_ptr<Device> make_host_device(const HostDeviceOptions& options = {});
+
+// CUDA device `ordinal`. Throws Error when built without CUDA or when the device does not exist.
+std::unique_ptr<Device> make_cuda_device(int ordinal);
+// Number of usable CUDA devices; 0 when built without CUDA or when no driver/device is present.
+int cuda_device_count();
+// True when this build contains the CUDA backend.
+bool built_with_cuda();
+
+}  // namespace zero3

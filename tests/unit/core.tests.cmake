@@ -1,0 +1,1 @@
+zero3_unit_test(core_rng SOURCES unit/test_rng.cpp LIBS zero3_core)

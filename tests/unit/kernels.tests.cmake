@@ -1,0 +1,4 @@
+# dtype conversions (exhaustive 16-bit round trips, round-to-nearest-even against a reference) and the
+# host kernels against float64 references.
+zero3_unit_test(dtype SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_dtype.cpp LIBS zero3_core)
+zero3_unit_test(kernels_host SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kernels_host.cpp LIBS zero3_device TBB::tbb)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds zero3 and runs the main job over 2 local ranks.
+# (Until the trainer lands, the main job is the sharded-collectives demo plus a config check.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install-deps.sh
+cmake --preset default >/dev/null
+cmake --build --preset default
+mpi_flags=(--oversubscribe --bind-to none)
+[ "$(id -u)" -eq 0 ] && mpi_flags+=(--allow-run-as-root)
+echo "== zero3 config check configs/zero3-offload-optimizer.json --world-size 2"
+build/bin/zero3 config check configs/zero3-offload-optimizer.json --world-size 2 >/dev/null && echo "config OK"
+echo "== mpirun -np 2 zero3 demo"
+mpirun "${mpi_flags[@]}" -np 2 build/bin/zero3 demo

@@ -1,0 +1,152 @@
+// `zero3 config check FILE [--world-size N] [--quiet]`: validates a DeepSpeed JSON config the way zero3 will
+// run it. Exit 0: valid and runnable (the resolved config goes to stdout); 1: valid but asks for features
+// zero3 does not implement (still printed); 2: invalid (error lines on stderr, nothing on stdout).
+// `zero3 config keys [--block B] [--markdown]`: the table of every key zero3 knows.
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "commands.hpp"
+#include "zero3/config/parse.hpp"
+#include "zero3/config/schema.hpp"
+
+namespace zero3::tools {
+namespace {
+
+struct CheckArgs {
+  std::string file;
+  int world_size = 0;  // 0: not given
+  bool quiet = false;
+};
+
+struct KeysArgs {
+  std::string block;
+  bool markdown = false;
+};
+
+constexpr int kExitValid = 0;
+constexpr int kExitNotImplemented = 1;
+constexpr int kExitInvalid = 2;
+
+// --world-size, else the launcher's environment (Open MPI, then torchrun-style WORLD_SIZE), else 1.
+bool choose_world_size(const CheckArgs& args, config::ParseOptions& opts) {
+  if (args.world_size > 0) {
+    opts.world_size = args.world_size;
+    opts.world_size_source = "--world-size";
+    return true;
+  }
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "WORLD_SIZE"}) {
+    const char* value = std::getenv(var);
+    if (value == nullptr || *value == '\0') continue;
+    const std::string_view text(value);
+    int n = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (ec != std::errc() || end != text.data() + text.size() || n < 1) {
+      std::cerr << fmt::format("error: {}: world size from the environment is not a positive integer: \"{}\"\n", var,
+                               text);
+      return false;
+    }
+    opts.world_size = n;
+    opts.world_size_source = var;
+    return true;
+  }
+  opts.world_size_source = "default (no --world-size, OMPI_COMM_WORLD_SIZE or WORLD_SIZE)";
+  return true;
+}
+
+int run_check(const CheckArgs& args) {
+  config::ParseOptions opts;
+  if (!choose_world_size(args, opts)) return kExitInvalid;
+  const config::ParseResult result = config::parse_config_file(args.file, opts);
+  for (const auto& e : result.errors) std::cerr << config::format_diagnostic("error", e) << '\n';
+  if (!args.quiet) {
+    for (const auto& w : result.warnings) std::cerr << config::format_diagnostic("warning", w) << '\n';
+  }
+  if (!result.ok()) {
+    std::cerr << fmt::format("{}: invalid ({} error{})\n", args.file, result.errors.size(),
+                             result.errors.size() == 1 ? "" : "s");
+    return kExitInvalid;
+  }
+  if (!args.quiet) {
+    for (const auto& r : result.resolved) std::cerr << config::format_resolution(r) << '\n';
+  }
+  for (const auto& n : result.not_implemented) std::cerr << config::format_diagnostic("not implemented", n) << '\n';
+  std::cout << config::to_json(*result.config) << '\n';
+  const auto& batch = result.config->batch;
+  const bool by_default = batch.world_size_source.rfind("default", 0) == 0;
+  const std::string world =
+      fmt::format("world size {} ({}{})", batch.world_size, by_default ? "" : "from ", batch.world_size_source);
+  if (!result.not_implemented.empty()) {
+    std::cerr << fmt::format("{}: valid, but not runnable by zero3 at {}: {} feature{} not implemented\n", args.file,
+                             world, result.not_implemented.size(), result.not_implemented.size() == 1 ? "" : "s");
+    return kExitNotImplemented;
+  }
+  std::cerr << fmt::format("{}: valid and runnable at {}\n", args.file, world);
+  return kExitValid;
+}
+
+// A markdown table cell: '|' would end the cell.
+std::string cell(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+void run_keys(const KeysArgs& args) {
+  std::string_view last_block = "\x01";
+  for (const auto& k : config::known_keys()) {
+    if (!args.block.empty() && k.block != args.block) continue;
+    if (args.markdown) {
+      if (k.block != last_block) {
+        std::cout << fmt::format(
+            "\n### {}\n\n| key | type | default | zero3 | \"auto\" | notes |\n"
+            "|---|---|---|---|---|---|\n",
+            k.block.empty() ? "top level" : k.block);
+      }
+      std::cout << fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", k.key, cell(k.type), cell(k.default_value),
+                               config::to_string(k.support), config::to_string(k.auto_rule), cell(k.note));
+    } else {
+      if (k.block != last_block) std::cout << fmt::format("\n[{}]\n", k.block.empty() ? "top level" : k.block);
+      std::string line = fmt::format("  {:<42} {:<28} {}", k.key, config::to_string(k.support), k.note);
+      line.erase(line.find_last_not_of(' ') + 1);
+      std::cout << line << '\n';
+    }
+    last_block = k.block;
+  }
+}
+
+}  // namespace
+
+void add_config_command(CLI::App& app) {
+  CLI::App* config = app.add_subcommand("config", "Check DeepSpeed JSON configs and list the keys zero3 knows");
+  config->require_subcommand(1);
+
+  auto check_args = std::make_shared<CheckArgs>();
+  CLI::App* check = config->add_subcommand(
+      "check", "Validate a config; exit 0 valid, 1 valid but not implemented by zero3, 2 invalid");
+  check->add_option("file", check_args->file, "DeepSpeed JSON config")->required();
+  check
+      ->add_option("--world-size", check_args->world_size,
+                   "Data-parallel ranks for the batch rule (default: OMPI_COMM_WORLD_SIZE, WORLD_SIZE, else 1)")
+      ->check(CLI::PositiveNumber);
+  check->add_flag("-q,--quiet", check_args->quiet, "Print only errors and not-implemented features on stderr");
+  check->callback([check_args] {
+    const int code = run_check(*check_args);
+    if (code != kExitValid) throw CLI::RuntimeError(code);
+  });
+
+  auto keys_args = std::make_shared<KeysArgs>();
+  CLI::App* keys = config->add_subcommand("keys", "Print every key zero3 knows and what it does with it");
+  keys->add_option("--block", keys_args->block, "Only this block, e.g. zero_optimization.offload_optimizer");
+  keys->add_flag("--markdown", keys_args->markdown, "Markdown tables (as in configs/README.md)");
+  keys->callback([keys_args] { run_keys(*keys_args); });
+}
+
+}  // namespace zero3::tools

@@ -1,0 +1,14 @@
+// The subcommands of the `zero3` program. Each add_*_command registers itself on the top-level app;
+// a command that must end with a particular exit status throws CLI::RuntimeError(status), and main()
+// turns that into the process's exit code. No command calls exit().
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace zero3::tools {
+
+void add_config_command(CLI::App& app);  // zero3 config check|keys
+void add_demo_command(CLI::App& app);    // zero3 demo: sharded collectives over the ranks of the job
+void add_info_command(CLI::App& app);    // zero3 info: build, backends, devices, topology
+
+}  // namespace zero3::tools

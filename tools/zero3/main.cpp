@@ -1,0 +1,31 @@
+// `zero3`: the command-line front end. This is the one top-level failure policy of the program:
+// library code throws, and here an error becomes a message and a non-zero exit status.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "zero3/core/error.hpp"
+#include "zero3/core/log.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"zero3: ZeRO-3 sharded training with CPU offload, configured by DeepSpeed JSON", "zero3"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "zero3 0.1.0");
+  zero3::tools::add_config_command(app);
+  zero3::tools::add_demo_command(app);
+  zero3::tools::add_info_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  } catch (const zero3::ConfigError& e) {
+    zero3::log::error("{}", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    zero3::log::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}
