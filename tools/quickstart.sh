@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 tools/install-deps.sh
 cmake --preset default >/dev/null
 cmake --build --preset default
-mpi_flags=(--oversubscribe --bind-to none)
+mpi_flags=(--oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
 [ "$(id -u)" -eq 0 ] && mpi_flags+=(--allow-run-as-root)
 echo "== zero3 config check configs/zero3-offload-optimizer.json --world-size 2"
 build/bin/zero3 config check configs/zero3-offload-optimizer.json --world-size 2 >/dev/null && echo "config OK"

@@ -290,7 +290,7 @@ TEST_CASE("bootstrap broadcast, all_gather and barrier", "[bootstrap]") {
   }
   std::vector<std::byte> mine(5, static_cast<std::byte>(bs.rank() + 1));
   const auto all = bs.all_gather(mine);
-  REQUIRE(all.size() == 5 * static_cast<std::size_t>(p));
+  CHECK(all.size() == 5 * static_cast<std::size_t>(p));
   for (std::size_t i = 0; i < all.size(); ++i) CHECK(all[i] == static_cast<std::byte>(i / 5 + 1));
   CHECK(bs.all_gather({}).empty());
   bs.barrier();
