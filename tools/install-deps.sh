@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build clang-format clang-tidy
   libtbb-dev nlohmann-json3-dev catch2 libhwloc-dev
   libopenmpi-dev openmpi-bin
   libcli11-dev libfmt-dev libxxhash-dev libopenblas-dev

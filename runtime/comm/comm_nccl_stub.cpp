@@ -4,6 +4,7 @@
 
 namespace zero3::comm {
 
+// NOLINTNEXTLINE(performance-unnecessary-value-param): the signature of the real backend, which keeps it
 std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Bootstrap> /*bootstrap*/, Device& /*device*/) {
   throw Error(
       "zero3 was built without CUDA (nvcc not found at configure time), so it has no NCCL communicator: use "

@@ -113,7 +113,7 @@ World World::from_lookup(const EnvLookup& lookup) {
 
 World World::from_environment() {
   return from_lookup([](std::string_view name) -> std::optional<std::string> {
-    const char* v = std::getenv(std::string(name).c_str());
+    const char* v = std::getenv(std::string(name).c_str());  // NOLINT(concurrency-mt-unsafe): read at start-up
     if (v == nullptr) return std::nullopt;
     return std::string(v);
   });

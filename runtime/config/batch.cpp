@@ -103,7 +103,7 @@ void parse_batch(ObjectReader& top, Context& cx) {
   for (const Factor* f : {&tb, &mb, &gas}) {
     if (f->how.empty()) continue;
     std::string reason = f->how;
-    if (f->got == Got::automatic && reason.rfind("\"auto\"", 0) != 0) reason = "\"auto\": " + reason;
+    if (f->got == Got::automatic && reason.rfind("\"auto\"", 0) != 0) reason.insert(0, "\"auto\": ");
     cx.sink.resolved(std::string(f->key), json_text(f->value), fmt::format("{} (world size {})", reason, world_text));
   }
   BatchConfig& b = cx.config.batch;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include "parse_blocks.hpp"
 #include "zero3/core/error.hpp"
@@ -64,14 +65,14 @@ ParseResult parse_config_file(const std::string& path, const ParseOptions& optio
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     ParseResult result;
-    result.errors.push_back({path, fmt::format("cannot open the file: {}", std::strerror(errno))});
+    result.errors.push_back({path, fmt::format("cannot open the file: {}", std::generic_category().message(errno))});
     return result;
   }
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) {
     ParseResult result;
-    result.errors.push_back({path, fmt::format("cannot read the file: {}", std::strerror(errno))});
+    result.errors.push_back({path, fmt::format("cannot read the file: {}", std::generic_category().message(errno))});
     return result;
   }
   return parse_config_text(text.str(), named);

@@ -2,8 +2,8 @@
 
 namespace zero3::detail {
 
-void throw_check_failure(std::string_view kind, std::string_view statement, std::string_view detail,
-                         const char* file, int line) {
+void throw_check_failure(std::string_view kind, std::string_view statement, std::string_view detail, const char* file,
+                         int line) {
   std::string msg;
   msg.append(kind).append(" failed: ").append(statement);
   if (!detail.empty()) msg.append(": ").append(detail);

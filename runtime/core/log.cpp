@@ -13,10 +13,14 @@ std::string g_prefix = "[zero3] ";  // guarded by g_mutex
 
 std::string_view level_word(Level l) {
   switch (l) {
-    case Level::debug: return "debug: ";
-    case Level::info: return "";
-    case Level::warning: return "warning: ";
-    case Level::error: return "error: ";
+    case Level::debug:
+      return "debug: ";
+    case Level::info:
+      return "";
+    case Level::warning:
+      return "warning: ";
+    case Level::error:
+      return "error: ";
   }
   return "";
 }
@@ -27,8 +31,12 @@ void set_rank(int rank, int world_size) {
   g_prefix = fmt::format("[zero3 rank {}/{}] ", rank, world_size);
 }
 
-void set_level(Level l) { g_level.store(l); }
-Level level() { return g_level.load(std::memory_order_relaxed); }
+void set_level(Level l) {
+  g_level.store(l);
+}
+Level level() {
+  return g_level.load(std::memory_order_relaxed);
+}
 
 void write(Level l, std::string_view message) {
   std::lock_guard lock(g_mutex);

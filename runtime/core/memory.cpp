@@ -6,16 +6,19 @@ namespace zero3 {
 
 std::string_view memory_kind_name(MemoryKind k) {
   switch (k) {
-    case MemoryKind::device: return "device";
-    case MemoryKind::pinned_host: return "pinned_host";
-    case MemoryKind::pageable_host: return "pageable_host";
+    case MemoryKind::device:
+      return "device";
+    case MemoryKind::pinned_host:
+      return "pinned_host";
+    case MemoryKind::pageable_host:
+      return "pageable_host";
   }
   return "?";
 }
 
 namespace {
 constexpr std::string_view kCategoryNames[kNumMemCategories] = {
-    "param_shard", "param_gathered", "grad_buffer", "grad_shard", "master",
+    "param_shard", "param_gathered", "grad_buffer", "grad_shard",  "master",
     "optim_state", "comm_buffer",    "staging",     "activations", "workspace"};
 }
 

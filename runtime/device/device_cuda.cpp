@@ -188,7 +188,7 @@ void CudaStream::launch_host(std::function<void()> fn) {
   ZERO3_CHECK(fn != nullptr, "launch_host: empty function");
   auto call = std::make_unique<HostCall>(HostCall{std::move(fn), host_fn_state_});
   ZERO3_CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_call, call.get()));
-  call.release();  // run_host_call owns it now
+  static_cast<void>(call.release());  // run_host_call owns it now
 }
 
 // ---------------------------------------------------------------- device
@@ -431,7 +431,7 @@ std::unique_ptr<Device> make_cuda_device(int ordinal) {
                     ordinal, cuda_error_text(err)));
   }
   if (ordinal < 0 || ordinal >= count) {
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe): not written by zero3
     throw Error(fmt::format("CUDA device {} does not exist: {} device(s) visible (CUDA_VISIBLE_DEVICES={})", ordinal,
                             count, visible != nullptr ? visible : "<unset>"));
   }

@@ -7,7 +7,11 @@ namespace zero3 {
 std::unique_ptr<Device> make_cuda_device(int /*ordinal*/) {
   throw Error("zero3 was built without CUDA (nvcc not found at configure time): use the host device");
 }
-int cuda_device_count() { return 0; }
-bool built_with_cuda() { return false; }
+int cuda_device_count() {
+  return 0;
+}
+bool built_with_cuda() {
+  return false;
+}
 
 }  // namespace zero3

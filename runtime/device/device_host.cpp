@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <system_error>
 
 #include "zero3/core/log.hpp"
 #include "zero3/kernels/kernels.hpp"
@@ -251,7 +252,7 @@ void* HostDevice::do_allocate(std::size_t size_bytes, MemoryKind kind) {
     throw OutOfMemory(fmt::format(
         "host device: cannot pin {} bytes of host memory: mlock failed ({}); the memlock limit (ulimit -l) is {}; "
         "raise it or create the device with lock_pinned = false",
-        size_bytes, std::strerror(err), memlock_limit_text()));
+        size_bytes, std::generic_category().message(err), memlock_limit_text()));
   }
   return p;
 }

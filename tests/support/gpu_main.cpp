@@ -2,7 +2,6 @@
 // program says so and exits 77, which ctest reports as "Skipped" rather than passed.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 
 #include "zero3/device/device.hpp"

@@ -1,7 +1,6 @@
 // Counter-based RNG: values depend only on (seed, key, index), have the right distribution, and
 // differ between keys and seeds.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <set>
 

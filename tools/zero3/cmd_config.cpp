@@ -40,7 +40,7 @@ bool choose_world_size(const CheckArgs& args, config::ParseOptions& opts) {
     return true;
   }
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "WORLD_SIZE"}) {
-    const char* value = std::getenv(var);
+    const char* value = std::getenv(var);  // NOLINT(concurrency-mt-unsafe): read before any thread starts
     if (value == nullptr || *value == '\0') continue;
     const std::string_view text(value);
     int n = 0;

@@ -29,7 +29,9 @@ struct DemoOptions {
   std::uint64_t seed = 42;
 };
 
-double param_value(std::uint64_t seed, std::size_t i) { return 0.02 * CounterRng(seed, hash_name("demo.weight")).normal(i); }
+double param_value(std::uint64_t seed, std::size_t i) {
+  return 0.02 * CounterRng(seed, hash_name("demo.weight")).normal(i);
+}
 double grad_value(std::uint64_t seed, int rank, std::size_t i) {
   return CounterRng(seed + 1 + static_cast<std::uint64_t>(rank), hash_name("demo.weight.grad")).normal(i);
 }
@@ -58,10 +60,10 @@ void run_demo(const DemoOptions& opt) {
   auto bootstrap = comm::make_mpi_bootstrap(world);
 
   const bool want_cuda = opt.device == "cuda" || (opt.device == "auto" && cuda_device_count() > 0);
-  std::unique_ptr<Device> device = want_cuda ? make_cuda_device(world.local_rank % std::max(1, cuda_device_count()))
-                                             : make_host_device();
-  auto communicator = want_cuda ? comm::make_nccl_communicator(bootstrap, *device)
-                                : comm::make_mpi_communicator(bootstrap, *device);
+  std::unique_ptr<Device> device =
+      want_cuda ? make_cuda_device(world.local_rank % std::max(1, cuda_device_count())) : make_host_device();
+  auto communicator =
+      want_cuda ? comm::make_nccl_communicator(bootstrap, *device) : comm::make_mpi_communicator(bootstrap, *device);
   auto stream = device->create_stream("demo");
 
   const auto W = static_cast<std::size_t>(world.size);
@@ -70,16 +72,16 @@ void run_demo(const DemoOptions& opt) {
   const std::size_t shard = padded / W;
   const std::size_t first = shard * static_cast<std::size_t>(world.rank);
   if (world.rank == 0) {
-    log::info("demo: {} params over {} ranks ({}), padded to {} = {} x {} per rank; device {}, comm {}",
-              opt.num_params, world.size, world.source, padded, W, shard, device->description(),
-              communicator->backend_name());
+    log::info("demo: {} params over {} ranks ({}), padded to {} = {} x {} per rank; device {}, comm {}", opt.num_params,
+              world.size, world.source, padded, W, shard, device->description(), communicator->backend_name());
   }
 
   // Host staging for inputs and results, device buffers for the sharded state.
   Buffer host_shard = device->allocate(shard, DType::bf16, MemoryKind::pageable_host, MemCategory::staging);
   for (std::size_t i = 0; i < shard; ++i) {
     const std::size_t g = first + i;
-    host_shard.view().as<bf16_t>()[i] = float_to_bf16(g < opt.num_params ? static_cast<float>(param_value(opt.seed, g)) : 0.0f);
+    host_shard.view().as<bf16_t>()[i] =
+        float_to_bf16(g < opt.num_params ? static_cast<float>(param_value(opt.seed, g)) : 0.0f);
   }
   Buffer param_shard = device->allocate(shard, DType::bf16, MemoryKind::device, MemCategory::param_shard);
   Buffer gathered = device->allocate(padded, DType::bf16, MemoryKind::device, MemCategory::param_gathered);
@@ -90,7 +92,8 @@ void run_demo(const DemoOptions& opt) {
 
   Buffer host_grads = device->allocate(padded, DType::f32, MemoryKind::pageable_host, MemCategory::staging);
   for (std::size_t i = 0; i < padded; ++i)
-    host_grads.view().as<float>()[i] = i < opt.num_params ? static_cast<float>(grad_value(opt.seed, world.rank, i)) : 0.0f;
+    host_grads.view().as<float>()[i] =
+        i < opt.num_params ? static_cast<float>(grad_value(opt.seed, world.rank, i)) : 0.0f;
   device->copy_async(grads.view(), host_grads.cview(), *stream);
   stream->synchronize();
 
@@ -98,9 +101,10 @@ void run_demo(const DemoOptions& opt) {
   timings.push_back({"all_gather bf16", shard * 2, time_best_ms(opt.repeats, [&] {
                        communicator->all_gather(param_shard.cview(), gathered.view(), *stream)->wait();
                      })});
-  timings.push_back({"reduce_scatter fp32 avg", padded * 4, time_best_ms(opt.repeats, [&] {
-                       communicator->reduce_scatter(grads.cview(), grad_shard.view(), comm::ReduceOp::avg, *stream)->wait();
-                     })});
+  timings.push_back(
+      {"reduce_scatter fp32 avg", padded * 4, time_best_ms(opt.repeats, [&] {
+         communicator->reduce_scatter(grads.cview(), grad_shard.view(), comm::ReduceOp::avg, *stream)->wait();
+       })});
   kernels::sum_squares(*stream, grad_shard.cview(), norm_sq.view(), false);
   timings.push_back({"all_reduce fp32 sum", 4, time_best_ms(1, [&] {
                        communicator->all_reduce(norm_sq.view(), comm::ReduceOp::sum, *stream)->wait();
@@ -135,8 +139,10 @@ void run_demo(const DemoOptions& opt) {
       magnitude /= static_cast<double>(world.size);
     }
     const double got = host_gshard.view().as<float>()[i];
-    if (magnitude > 0.0) max_rel = std::max(max_rel, std::abs(got - want) / magnitude);
-    else max_rel = std::max(max_rel, std::abs(got));
+    if (magnitude > 0.0)
+      max_rel = std::max(max_rel, std::abs(got - want) / magnitude);
+    else
+      max_rel = std::max(max_rel, std::abs(got));
   }
   // Reference squared norm of the mean gradient over the whole (unpadded) vector, in float64.
   double norm_ref = 0.0;
@@ -154,17 +160,19 @@ void run_demo(const DemoOptions& opt) {
     for (const auto& t : timings)
       table += fmt::format("{:<26} {:>14} {:>10.3f} {:>10.3f}\n", t.op, t.bytes_per_rank, t.best_ms,
                            static_cast<double>(t.bytes_per_rank) / (t.best_ms * 1e6));
-    table += fmt::format("\ncheck: all_gather bitwise mismatches {} | reduce_scatter max err/|g| {:.2e} (< 1e-5) | "
-                         "norm^2 rel err {:.2e} (< 1e-4) -> {}\n",
-                         gather_mismatch, max_rel, norm_rel, ok ? "OK" : "FAILED");
+    table += fmt::format(
+        "\ncheck: all_gather bitwise mismatches {} | reduce_scatter max err/|g| {:.2e} (< 1e-5) | "
+        "norm^2 rel err {:.2e} (< 1e-4) -> {}\n",
+        gather_mismatch, max_rel, norm_rel, ok ? "OK" : "FAILED");
     table += "\nmemory (rank 0):\n" + device->memory().report();
     std::fputs(table.c_str(), stdout);
     std::fflush(stdout);
   }
   if (!ok) {
-    throw Error(fmt::format("demo: rank {} found wrong collective results (gather mismatches {}, reduce-scatter rel err "
-                            "{:.2e}, norm rel err {:.2e})",
-                            world.rank, gather_mismatch, max_rel, norm_rel));
+    throw Error(
+        fmt::format("demo: rank {} found wrong collective results (gather mismatches {}, reduce-scatter rel err "
+                    "{:.2e}, norm rel err {:.2e})",
+                    world.rank, gather_mismatch, max_rel, norm_rel));
   }
 }
 

@@ -1,7 +1,6 @@
 // `zero3`: the command-line front end. This is the one top-level failure policy of the program:
 // library code throws, and here an error becomes a message and a non-zero exit status.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <exception>
 

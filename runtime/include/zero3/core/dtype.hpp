@@ -13,13 +13,18 @@ namespace zero3 {
 
 enum class DType : std::uint8_t { f32 = 0, f16 = 1, bf16 = 2 };
 
-inline constexpr std::size_t size_of(DType t) { return t == DType::f32 ? 4 : 2; }
+inline constexpr std::size_t size_of(DType t) {
+  return t == DType::f32 ? 4 : 2;
+}
 
 inline constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "fp32";
-    case DType::f16: return "fp16";
-    case DType::bf16: return "bf16";
+    case DType::f32:
+      return "fp32";
+    case DType::f16:
+      return "fp16";
+    case DType::bf16:
+      return "bf16";
   }
   return "?";
 }
@@ -57,13 +62,15 @@ inline bf16_t float_to_bf16(float f) {
   return {static_cast<std::uint16_t>(u >> 16)};
 }
 
-inline float bf16_to_float(bf16_t h) { return bits_float(static_cast<std::uint32_t>(h.bits) << 16); }
+inline float bf16_to_float(bf16_t h) {
+  return bits_float(static_cast<std::uint32_t>(h.bits) << 16);
+}
 
 inline fp16_t float_to_fp16(float f) {
   std::uint32_t u = float_bits(f);
   std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return {static_cast<std::uint16_t>(sign | 0x7e00u)};  // NaN -> quiet NaN
+  if (abs > 0x7f800000u) return {static_cast<std::uint16_t>(sign | 0x7e00u)};   // NaN -> quiet NaN
   if (abs >= 0x477ff000u) return {static_cast<std::uint16_t>(sign | 0x7c00u)};  // >= 65520 rounds to Inf
   if (abs < 0x38800000u) {
     // Result is subnormal or zero in fp16: value = m * 2^-24, m = round(abs_value * 2^24).
@@ -96,17 +103,26 @@ inline float fp16_to_float(fp16_t h) {
 // Round-trip helpers by dtype tag, for code that handles all three types uniformly.
 inline float load_as_float(const void* p, DType t, std::size_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f16: return fp16_to_float(static_cast<const fp16_t*>(p)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const bf16_t*>(p)[i]);
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::f16:
+      return fp16_to_float(static_cast<const fp16_t*>(p)[i]);
+    case DType::bf16:
+      return bf16_to_float(static_cast<const bf16_t*>(p)[i]);
   }
   return 0.0f;
 }
 inline void store_from_float(void* p, DType t, std::size_t i, float v) {
   switch (t) {
-    case DType::f32: static_cast<float*>(p)[i] = v; break;
-    case DType::f16: static_cast<fp16_t*>(p)[i] = float_to_fp16(v); break;
-    case DType::bf16: static_cast<bf16_t*>(p)[i] = float_to_bf16(v); break;
+    case DType::f32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::f16:
+      static_cast<fp16_t*>(p)[i] = float_to_fp16(v);
+      break;
+    case DType::bf16:
+      static_cast<bf16_t*>(p)[i] = float_to_bf16(v);
+      break;
   }
 }
 

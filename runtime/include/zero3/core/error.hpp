@@ -37,26 +37,26 @@ class CheckpointError : public Error {
 
 namespace detail {
 // Builds "<call> failed: <detail> (file:line)"; kept out of line so the macros stay small.
-[[noreturn]] void throw_check_failure(std::string_view kind, std::string_view statement,
-                                      std::string_view detail, const char* file, int line);
+[[noreturn]] void throw_check_failure(std::string_view kind, std::string_view statement, std::string_view detail,
+                                      const char* file, int line);
 }  // namespace detail
 
 }  // namespace zero3
 
 // ZERO3_CHECK(cond, msg): a broken internal or API contract; throws zero3::UsageError naming the condition.
-#define ZERO3_CHECK(cond, msg)                                                                   \
-  do {                                                                                           \
+#define ZERO3_CHECK(cond, msg)                                                                    \
+  do {                                                                                            \
     if (!(cond)) ::zero3::detail::throw_check_failure("check", #cond, (msg), __FILE__, __LINE__); \
   } while (0)
 
 // ZERO3_CHECK_CALL(ExceptionType, statement, ok_expr, describe_expr): the generic form behind
 // ZERO3_CUDA_CHECK, ZERO3_NCCL_CHECK, ZERO3_MPI_CHECK and ZERO3_CUBLAS_CHECK. `status` holds the
 // statement's result inside ok_expr and describe_expr.
-#define ZERO3_CHECK_CALL(ExceptionType, statement, ok_expr, describe_expr)                         \
-  do {                                                                                             \
-    auto status = (statement);                                                                     \
-    if (!(ok_expr)) {                                                                              \
-      throw ExceptionType(std::string(#statement) + " failed: " + std::string(describe_expr) + " (" + \
-                          __FILE__ + ":" + std::to_string(__LINE__) + ")");                        \
-    }                                                                                              \
+#define ZERO3_CHECK_CALL(ExceptionType, statement, ok_expr, describe_expr)                                             \
+  do {                                                                                                                 \
+    auto status = (statement);                                                                                         \
+    if (!(ok_expr)) {                                                                                                  \
+      throw ExceptionType(std::string(#statement) + " failed: " + std::string(describe_expr) + " (" + __FILE__ + ":" + \
+                          std::to_string(__LINE__) + ")");                                                             \
+    }                                                                                                                  \
   } while (0)

@@ -28,7 +28,8 @@ inline constexpr std::uint64_t mix64(std::uint64_t z) {
 
 class CounterRng {
  public:
-  constexpr CounterRng(std::uint64_t seed, std::uint64_t key) : base_(mix64(seed ^ mix64(key + 0x9e3779b97f4a7c15ull))) {}
+  constexpr CounterRng(std::uint64_t seed, std::uint64_t key)
+      : base_(mix64(seed ^ mix64(key + 0x9e3779b97f4a7c15ull))) {}
 
   constexpr std::uint64_t bits(std::uint64_t index, std::uint64_t lane = 0) const {
     return mix64(base_ + mix64(index * 2 + lane + 1));
