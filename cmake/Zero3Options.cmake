@@ -13,7 +13,7 @@ endif()
 
 # zero3_add_library(name SOURCES...) : a static library with the project's flags.
 function(zero3_project_flags target)
-  target_link_libraries(${target} PRIVATE zero3_warnings)
+  target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:zero3_warnings>)  # our flags, not a trainer's
   target_link_libraries(${target} PUBLIC zero3_sanitizers)
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
 endfunction()

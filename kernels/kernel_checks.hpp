@@ -5,11 +5,15 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
+#include <vector>
 
 #include "zero3/core/buffer_view.hpp"
 #include "zero3/core/error.hpp"
+#include "zero3/kernels/kernels.hpp"
 
 namespace zero3::kernels::detail {
 
@@ -49,6 +53,95 @@ inline void check_scalar_apart(std::string_view op, ConstBufferView x, BufferVie
   ZERO3_CHECK(!overlaps(x.data, x.size_bytes(), out.data, out.size_bytes()),
               fmt::format("{}: the output element lies inside the input ({} elements of {})", op, x.count,
                           dtype_name(x.dtype)));
+}
+
+// accumulate: dst is fp32 with src's count. dst and src are distinct memory, or the very same fp32 view
+// (dst += alpha * dst reads each element before writing it).
+inline void check_accumulate(BufferView dst, ConstBufferView src) {
+  ZERO3_CHECK(dst.dtype == DType::f32,
+              fmt::format("accumulate: dst must be fp32 (got {} elements of {})", dst.count, dtype_name(dst.dtype)));
+  ZERO3_CHECK(dst.count == src.count, fmt::format("accumulate: count mismatch (dst {} elements, src {} elements of {})",
+                                                  dst.count, src.count, dtype_name(src.dtype)));
+  check_data("accumulate", "dst", dst.data, dst.count);
+  check_data("accumulate", "src", src.data, src.count);
+  const bool same_view = dst.data == src.data && src.dtype == DType::f32;
+  ZERO3_CHECK(same_view || !overlaps(dst.data, dst.size_bytes(), src.data, src.size_bytes()),
+              fmt::format("accumulate: dst ({} elements) and src ({} elements of {}) overlap", dst.count, src.count,
+                          dtype_name(src.dtype)));
+}
+
+// One view of an optimizer step, named for messages.
+struct StepView {
+  std::string_view name;
+  const void* data;
+  std::size_t count;
+  DType dtype;
+  MemoryKind kind;
+};
+
+inline StepView step_view(std::string_view name, ConstBufferView v) {
+  return {name, v.data, v.count, v.dtype, v.kind};
+}
+
+// The views of a fused optimizer step: master first, then the state views, all fp32 with master's count;
+// grad of any dtype with the same count; param of any dtype with the same count, or empty (count 0: no
+// low-precision copy is written). Every view is written or read by the same pass, so no two may overlap.
+inline void check_step_views(std::string_view op, std::initializer_list<StepView> fp32_views, ConstBufferView grad,
+                             BufferView param) {
+  const std::size_t n = fp32_views.begin()->count;
+  for (const StepView& v : fp32_views) {
+    ZERO3_CHECK(v.dtype == DType::f32, fmt::format("{}: {} must be fp32 (got {})", op, v.name, dtype_name(v.dtype)));
+    ZERO3_CHECK(v.count == n, fmt::format("{}: count mismatch ({} has {} elements, {} has {})", op, v.name, v.count,
+                                          fp32_views.begin()->name, n));
+    check_data(op, v.name, v.data, v.count);
+  }
+  ZERO3_CHECK(grad.count == n, fmt::format("{}: count mismatch (grad has {} elements, {} has {})", op, grad.count,
+                                           fp32_views.begin()->name, n));
+  check_data(op, "grad", grad.data, grad.count);
+  ZERO3_CHECK(param.count == n || param.count == 0,
+              fmt::format("{}: param has {} elements; it must have {} (or none, to skip the low-precision copy)", op,
+                          param.count, n));
+  check_data(op, "param", param.data, param.count);
+
+  std::vector<StepView> all(fp32_views);
+  all.push_back(step_view("grad", grad));
+  all.push_back(step_view("param", param));
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    for (std::size_t j = i + 1; j < all.size(); ++j) {
+      ZERO3_CHECK(!overlaps(all[i].data, all[i].count * size_of(all[i].dtype), all[j].data,
+                            all[j].count * size_of(all[j].dtype)),
+                  fmt::format("{}: {} and {} overlap", op, all[i].name, all[j].name));
+    }
+  }
+}
+
+inline void check_arg(std::string_view op, std::string_view name, float value, bool ok, std::string_view range) {
+  ZERO3_CHECK(ok && std::isfinite(value), fmt::format("{}: {} = {} is out of range ({})", op, name, value, range));
+}
+
+inline void check_adam_args(const AdamArgs& a) {
+  check_arg("adam_step", "lr", a.lr, a.lr >= 0.0f, "finite, >= 0");
+  check_arg("adam_step", "beta1", a.beta1, a.beta1 >= 0.0f && a.beta1 < 1.0f, "[0, 1)");
+  check_arg("adam_step", "beta2", a.beta2, a.beta2 >= 0.0f && a.beta2 < 1.0f, "[0, 1)");
+  check_arg("adam_step", "eps", a.eps, a.eps >= 0.0f, "finite, >= 0");
+  check_arg("adam_step", "weight_decay", a.weight_decay, a.weight_decay >= 0.0f, "finite, >= 0");
+  check_arg("adam_step", "grad_scale", a.grad_scale, true, "finite");
+  ZERO3_CHECK(a.step >= 1, fmt::format("adam_step: step = {}; steps count from 1", a.step));
+}
+
+inline void check_lion_args(const LionArgs& a) {
+  check_arg("lion_step", "lr", a.lr, a.lr >= 0.0f, "finite, >= 0");
+  check_arg("lion_step", "beta1", a.beta1, a.beta1 >= 0.0f && a.beta1 <= 1.0f, "[0, 1]");
+  check_arg("lion_step", "beta2", a.beta2, a.beta2 >= 0.0f && a.beta2 <= 1.0f, "[0, 1]");
+  check_arg("lion_step", "weight_decay", a.weight_decay, a.weight_decay >= 0.0f, "finite, >= 0");
+  check_arg("lion_step", "grad_scale", a.grad_scale, true, "finite");
+}
+
+inline void check_adagrad_args(const AdagradArgs& a) {
+  check_arg("adagrad_step", "lr", a.lr, a.lr >= 0.0f, "finite, >= 0");
+  check_arg("adagrad_step", "eps", a.eps, a.eps >= 0.0f, "finite, >= 0");
+  check_arg("adagrad_step", "weight_decay", a.weight_decay, a.weight_decay >= 0.0f, "finite, >= 0");
+  check_arg("adagrad_step", "grad_scale", a.grad_scale, true, "finite");
 }
 
 }  // namespace zero3::kernels::detail

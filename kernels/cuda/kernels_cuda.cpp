@@ -1,15 +1,21 @@
 // CUDA implementation of the element-wise kernels. Each op checks its arguments on the calling thread,
 // then launches on the stream's cudaStream_t (non-blocking; ordered with the stream's other work).
 // Results match the host backend bit for bit, except sum_squares (within 2 fp32 ulps; docs/kernels.md)
-// and the sign and payload of NaN results. Host-side C++ (compiled by the host compiler); the kernels
-// and their launchers live in the .cu files.
+// and the sign and payload of NaN results. The optimizer steps share their per-element code and their
+// coefficients with the host (optim_math.hpp, optim_coeffs.hpp). Host-side C++ (compiled by the host
+// compiler); the kernels and their launchers live in the .cu files.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include "accumulate.cuh"
+#include "adagrad.cuh"
+#include "adam.cuh"
 #include "cast.cuh"
 #include "fill.cuh"
 #include "kernel_checks.hpp"
+#include "lion.cuh"
 #include "nonfinite.cuh"
+#include "optim_coeffs.hpp"
 #include "scale.cuh"
 #include "sum_squares.cuh"
 #include "zero3/core/log.hpp"
@@ -108,6 +114,59 @@ class CudaKernelBackend final : public KernelBackend {
     if (x.count == 0) return;
     StreamDeviceGuard guard(s);
     gpu::launch_fill(s, x, value);
+  }
+
+  void accumulate(Stream& stream, BufferView dst, ConstBufferView src, float alpha) const override {
+    const cudaStream_t s = checked_stream(stream, "accumulate");
+    detail::check_accumulate(dst, src);
+    check_reachable("accumulate", "dst", dst.kind);
+    check_reachable("accumulate", "src", src.kind);
+    if (dst.count == 0) return;
+    StreamDeviceGuard guard(s);
+    gpu::launch_accumulate(s, dst, src, alpha);
+  }
+
+  void adam_step(Stream& stream, const AdamArgs& args, BufferView master, BufferView exp_avg, BufferView exp_avg_sq,
+                 ConstBufferView grad, BufferView param) const override {
+    const cudaStream_t s = checked_stream(stream, "adam_step");
+    detail::check_adam_args(args);
+    check_step("adam_step",
+               {detail::step_view("master", master), detail::step_view("exp_avg", exp_avg),
+                detail::step_view("exp_avg_sq", exp_avg_sq)},
+               grad, param);
+    if (master.count == 0) return;
+    StreamDeviceGuard guard(s);
+    gpu::launch_adam(s, detail::adam_coeffs(args), master, exp_avg, exp_avg_sq, grad, param);
+  }
+
+  void lion_step(Stream& stream, const LionArgs& args, BufferView master, BufferView exp_avg, ConstBufferView grad,
+                 BufferView param) const override {
+    const cudaStream_t s = checked_stream(stream, "lion_step");
+    detail::check_lion_args(args);
+    check_step("lion_step", {detail::step_view("master", master), detail::step_view("exp_avg", exp_avg)}, grad, param);
+    if (master.count == 0) return;
+    StreamDeviceGuard guard(s);
+    gpu::launch_lion(s, detail::lion_coeffs(args), master, exp_avg, grad, param);
+  }
+
+  void adagrad_step(Stream& stream, const AdagradArgs& args, BufferView master, BufferView sum_sq, ConstBufferView grad,
+                    BufferView param) const override {
+    const cudaStream_t s = checked_stream(stream, "adagrad_step");
+    detail::check_adagrad_args(args);
+    check_step("adagrad_step", {detail::step_view("master", master), detail::step_view("sum_sq", sum_sq)}, grad, param);
+    if (master.count == 0) return;
+    StreamDeviceGuard guard(s);
+    gpu::launch_adagrad(s, detail::adagrad_coeffs(args), master, sum_sq, grad, param);
+  }
+
+ private:
+  // The views of an optimizer step: shapes and overlaps (kernel_checks.hpp), then reachability.
+  static void check_step(std::string_view op, std::initializer_list<detail::StepView> fp32_views, ConstBufferView grad,
+                         BufferView param) {
+    detail::check_step_views(op, fp32_views, grad, param);
+    for (const detail::StepView& v : fp32_views) check_reachable(op, v.name, v.kind);
+    check_reachable(op, "grad", grad.kind);
+    if (param.count != 0) check_reachable(op, "param", param.kind);
   }
 };
 

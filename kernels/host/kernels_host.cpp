@@ -2,6 +2,7 @@
 // backend is tested against. Each op checks its arguments on the calling thread, then runs on the
 // stream's worker (stream.launch_host), so it is ordered with the rest of the stream's work.
 // Large ops split across oneTBB workers; every result is independent of how the work is split.
+// accumulate and the optimizer steps are in optim_host.cpp; the loop helpers in host_common.hpp.
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 
@@ -11,89 +12,26 @@
 #include <cstring>
 #include <vector>
 
+#include "host_common.hpp"
 #include "kernel_checks.hpp"
+#include "optim_host.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/kernels/kernels.hpp"
-
-// oneTBB's own library is not built with ThreadSanitizer, so TSan cannot see the synchronization of its
-// workers and reports their writes as races. Under TSan the ops run on the stream's worker alone; the
-// results are the same, since no result depends on how the work is split.
-#if defined(__SANITIZE_THREAD__)
-#define ZERO3_KERNELS_USE_TBB 0
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define ZERO3_KERNELS_USE_TBB 0
-#endif
-#endif
-#ifndef ZERO3_KERNELS_USE_TBB
-#define ZERO3_KERNELS_USE_TBB 1
-#endif
 
 namespace zero3::kernels {
 namespace {
 
-constexpr bool kUseTbb = ZERO3_KERNELS_USE_TBB != 0;
+using host::check_host_reachable;
+using host::for_ranges;
+using host::from_float;
+using host::kParallelMinElems;
+using host::kUseTbb;
+using host::to_float;
+using host::with_type;
 
-// Below this many elements one thread is faster than waking TBB workers (and keeps small tests and
-// oversubscribed MPI runs free of extra threads).
-constexpr std::size_t kParallelMinElems = std::size_t{1} << 18;
-constexpr std::size_t kGrainElems = std::size_t{1} << 15;
 // sum_squares sums fixed chunks of this many elements, then adds the chunk sums in chunk order: the
 // result depends on the input only, never on the thread count or the TBB schedule.
 constexpr std::size_t kSumChunkElems = std::size_t{1} << 16;
-
-// fn(begin, end) over [0, n), split across threads when n is large. fn must touch only its range.
-template <typename Fn>
-void for_ranges(std::size_t n, const Fn& fn) {
-  if (!kUseTbb || n < kParallelMinElems) {
-    fn(std::size_t{0}, n);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, kGrainElems),
-                    [&](const tbb::blocked_range<std::size_t>& r) { fn(r.begin(), r.end()); });
-}
-
-inline float to_float(float v) {
-  return v;
-}
-inline float to_float(bf16_t v) {
-  return bf16_to_float(v);
-}
-inline float to_float(fp16_t v) {
-  return fp16_to_float(v);
-}
-
-template <typename T>
-T from_float(float v);
-template <>
-float from_float<float>(float v) {
-  return v;
-}
-template <>
-bf16_t from_float<bf16_t>(float v) {
-  return float_to_bf16(v);
-}
-template <>
-fp16_t from_float<fp16_t>(float v) {
-  return float_to_fp16(v);
-}
-
-// Calls fn(T{}) with T the storage type of `t`.
-template <typename Fn>
-void with_type(DType t, const Fn& fn) {
-  switch (t) {
-    case DType::f32:
-      fn(float{});
-      return;
-    case DType::f16:
-      fn(fp16_t{});
-      return;
-    case DType::bf16:
-      fn(bf16_t{});
-      return;
-  }
-  throw UsageError(fmt::format("unknown dtype {}", static_cast<int>(t)));
-}
 
 // Inf and NaN are the patterns whose exponent bits are all ones, in every one of the three formats.
 inline bool is_nonfinite(float v) {
@@ -104,14 +42,6 @@ inline bool is_nonfinite(bf16_t v) {
 }
 inline bool is_nonfinite(fp16_t v) {
   return (v.bits & 0x7c00u) == 0x7c00u;
-}
-
-// On a host device every memory kind is host memory. On a CUDA stream (a host function run through
-// cudaLaunchHostFunc) only host memory can be touched.
-void check_host_reachable(Stream& stream, std::string_view op, MemoryKind kind) {
-  ZERO3_CHECK(stream.device().kind() == DeviceKind::host || kind != MemoryKind::device,
-              fmt::format("{}: the host kernels cannot touch device memory of a {} stream ('{}')", op,
-                          device_kind_name(stream.device().kind()), stream.name()));
 }
 
 class HostKernelBackend final : public KernelBackend {
@@ -237,6 +167,23 @@ class HostKernelBackend final : public KernelBackend {
         });
       });
     });
+  }
+
+  // accumulate and the optimizer steps live in optim_host.cpp.
+  void accumulate(Stream& stream, BufferView dst, ConstBufferView src, float alpha) const override {
+    host::accumulate(stream, dst, src, alpha);
+  }
+  void adam_step(Stream& stream, const AdamArgs& args, BufferView master, BufferView exp_avg, BufferView exp_avg_sq,
+                 ConstBufferView grad, BufferView param) const override {
+    host::adam_step(stream, args, master, exp_avg, exp_avg_sq, grad, param);
+  }
+  void lion_step(Stream& stream, const LionArgs& args, BufferView master, BufferView exp_avg, ConstBufferView grad,
+                 BufferView param) const override {
+    host::lion_step(stream, args, master, exp_avg, grad, param);
+  }
+  void adagrad_step(Stream& stream, const AdagradArgs& args, BufferView master, BufferView sum_sq, ConstBufferView grad,
+                    BufferView param) const override {
+    host::adagrad_step(stream, args, master, sum_sq, grad, param);
   }
 };
 

@@ -2,17 +2,23 @@
 // run it. Exit 0: valid and runnable (the resolved config goes to stdout); 1: valid but asks for features
 // zero3 does not implement (still printed); 2: invalid (error lines on stderr, nothing on stdout).
 // `zero3 config keys [--block B] [--markdown]`: the table of every key zero3 knows.
+// `zero3 config lr-schedule FILE --steps N [--json] [--world-size N]`: the lr each optimizer step 1..N applies
+// with no skipped step, as DeepSpeed's scheduler gives it. Exit 0: printed; 1: the config's optimizer or
+// scheduler is not implemented by zero3 (nothing printed); 2: invalid, with the same output as `check`.
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/config/schema.hpp"
+#include "zero3/optim/lr_schedule.hpp"
 
 namespace zero3::tools {
 namespace {
@@ -21,6 +27,13 @@ struct CheckArgs {
   std::string file;
   int world_size = 0;  // 0: not given
   bool quiet = false;
+};
+
+struct LrScheduleArgs {
+  std::string file;
+  std::int64_t steps = 0;
+  int world_size = 0;  // 0: not given
+  bool json = false;
 };
 
 struct KeysArgs {
@@ -33,9 +46,9 @@ constexpr int kExitNotImplemented = 1;
 constexpr int kExitInvalid = 2;
 
 // --world-size, else the launcher's environment (Open MPI, then torchrun-style WORLD_SIZE), else 1.
-bool choose_world_size(const CheckArgs& args, config::ParseOptions& opts) {
-  if (args.world_size > 0) {
-    opts.world_size = args.world_size;
+bool choose_world_size(int world_size, config::ParseOptions& opts) {
+  if (world_size > 0) {
+    opts.world_size = world_size;
     opts.world_size_source = "--world-size";
     return true;
   }
@@ -58,19 +71,27 @@ bool choose_world_size(const CheckArgs& args, config::ParseOptions& opts) {
   return true;
 }
 
-int run_check(const CheckArgs& args) {
+// Parses `file` as `check` does and prints its errors and (unless quiet) warnings on stderr. Returns
+// kExitInvalid, after the summary line, when the config is invalid; otherwise kExitValid.
+int parse_reporting(const std::string& file, int world_size, bool quiet, config::ParseResult& result) {
   config::ParseOptions opts;
-  if (!choose_world_size(args, opts)) return kExitInvalid;
-  const config::ParseResult result = config::parse_config_file(args.file, opts);
+  if (!choose_world_size(world_size, opts)) return kExitInvalid;
+  result = config::parse_config_file(file, opts);
   for (const auto& e : result.errors) std::cerr << config::format_diagnostic("error", e) << '\n';
-  if (!args.quiet) {
+  if (!quiet) {
     for (const auto& w : result.warnings) std::cerr << config::format_diagnostic("warning", w) << '\n';
   }
   if (!result.ok()) {
-    std::cerr << fmt::format("{}: invalid ({} error{})\n", args.file, result.errors.size(),
+    std::cerr << fmt::format("{}: invalid ({} error{})\n", file, result.errors.size(),
                              result.errors.size() == 1 ? "" : "s");
     return kExitInvalid;
   }
+  return kExitValid;
+}
+
+int run_check(const CheckArgs& args) {
+  config::ParseResult result;
+  if (parse_reporting(args.file, args.world_size, args.quiet, result) != kExitValid) return kExitInvalid;
   if (!args.quiet) {
     for (const auto& r : result.resolved) std::cerr << config::format_resolution(r) << '\n';
   }
@@ -86,6 +107,37 @@ int run_check(const CheckArgs& args) {
     return kExitNotImplemented;
   }
   std::cerr << fmt::format("{}: valid and runnable at {}\n", args.file, world);
+  return kExitValid;
+}
+
+int run_lr_schedule(const LrScheduleArgs& args) {
+  config::ParseResult result;
+  if (parse_reporting(args.file, args.world_size, /*quiet=*/false, result) != kExitValid) return kExitInvalid;
+  // Other unimplemented features do not change the lr; an unimplemented optimizer or scheduler leaves
+  // nothing to compute it from (the Config then has no optimizer, or no scheduler although the file has one).
+  bool computable = true;
+  for (const auto& n : result.not_implemented) {
+    if (n.path == "optimizer" || n.path == "optimizer.type" || n.path == "scheduler.type") {
+      std::cerr << config::format_diagnostic("not implemented", n) << '\n';
+      computable = false;
+    }
+  }
+  if (!computable) {
+    std::cerr << fmt::format("{}: zero3 cannot compute this learning-rate schedule\n", args.file);
+    return kExitNotImplemented;
+  }
+  const std::vector<double> lrs = optim::preview_lr(*result.config, args.steps);
+  // fmt's default for a double is the shortest text that reads back to the same value (as Python prints).
+  std::string out = args.json ? "{\"lr\": [" : "";
+  for (std::size_t i = 0; i < lrs.size(); ++i) {
+    if (args.json) {
+      out += fmt::format("{}{}", i == 0 ? "" : ", ", lrs[i]);
+    } else {
+      out += fmt::format("{} {}\n", i + 1, lrs[i]);
+    }
+  }
+  if (args.json) out += "]}\n";
+  std::cout << out;
   return kExitValid;
 }
 
@@ -125,7 +177,8 @@ void run_keys(const KeysArgs& args) {
 }  // namespace
 
 void add_config_command(CLI::App& app) {
-  CLI::App* config = app.add_subcommand("config", "Check DeepSpeed JSON configs and list the keys zero3 knows");
+  CLI::App* config =
+      app.add_subcommand("config", "Check DeepSpeed JSON configs, list the keys zero3 knows, preview the lr schedule");
   config->require_subcommand(1);
 
   auto check_args = std::make_shared<CheckArgs>();
@@ -139,6 +192,20 @@ void add_config_command(CLI::App& app) {
   check->add_flag("-q,--quiet", check_args->quiet, "Print only errors and not-implemented features on stderr");
   check->callback([check_args] {
     const int code = run_check(*check_args);
+    if (code != kExitValid) throw CLI::RuntimeError(code);
+  });
+
+  auto lr_args = std::make_shared<LrScheduleArgs>();
+  CLI::App* lr = config->add_subcommand(
+      "lr-schedule",
+      "Print the lr each optimizer step 1..N applies (no skipped steps), as DeepSpeed's scheduler sets it");
+  lr->add_option("file", lr_args->file, "DeepSpeed JSON config")->required();
+  lr->add_option("--steps", lr_args->steps, "Optimizer steps to print")->required()->check(CLI::PositiveNumber);
+  lr->add_flag("--json", lr_args->json, "Print {\"lr\": [lr_1, ..., lr_N]} instead of \"step lr\" lines");
+  lr->add_option("--world-size", lr_args->world_size, "Data-parallel ranks for the batch rule, as for check")
+      ->check(CLI::PositiveNumber);
+  lr->callback([lr_args] {
+    const int code = run_lr_schedule(*lr_args);
     if (code != kExitValid) throw CLI::RuntimeError(code);
   });
 

@@ -7,8 +7,9 @@
 
 namespace zero3::tools {
 
-void add_config_command(CLI::App& app);  // zero3 config check|keys
+void add_config_command(CLI::App& app);  // zero3 config check, keys, lr-schedule
 void add_demo_command(CLI::App& app);    // zero3 demo: sharded collectives over the ranks of the job
 void add_info_command(CLI::App& app);    // zero3 info: build, backends, devices, topology
+void add_bench_command(CLI::App& app);   // zero3 bench engine: zero3 vs plain buffers, side by side
 
 }  // namespace zero3::tools

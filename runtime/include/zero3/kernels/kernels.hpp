@@ -4,10 +4,40 @@
 // Views must live in memory the stream's device can access (device memory, or pinned host on cuda).
 #pragma once
 
+#include <cstdint>
+
 #include "zero3/core/buffer_view.hpp"
 #include "zero3/device/device.hpp"
 
 namespace zero3::kernels {
+
+// Arguments of the fused optimizer kernels. lr already includes the param group's lr multiplier, and
+// weight_decay is 0 for params that take no decay. grad_scale multiplies the raw accumulated gradient
+// before use: 1 / (loss_scale * clip_coefficient).
+struct AdamArgs {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool adamw = true;  // decoupled decay (AdamW) vs L2 added to the gradient (classic Adam)
+  bool bias_correction = true;
+  std::int64_t step = 1;  // 1-based count of applied steps of this param, for bias correction
+  float grad_scale = 1.0f;
+};
+struct LionArgs {
+  float lr = 1e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.99f;
+  float weight_decay = 0.0f;
+  float grad_scale = 1.0f;
+};
+struct AdagradArgs {
+  float lr = 1e-2f;
+  float eps = 1e-10f;
+  float weight_decay = 0.0f;  // L2 added to the gradient, as DeepSpeed's CPU Adagrad
+  float grad_scale = 1.0f;
+};
 
 class KernelBackend {
  public:
@@ -24,6 +54,21 @@ class KernelBackend {
   virtual void nonfinite_check(Stream& stream, ConstBufferView x, BufferView flag) const = 0;
   // x[i] = value rounded to x's dtype.
   virtual void fill(Stream& stream, BufferView x, float value) const = 0;
+  // dst[i] = dst[i] + alpha * src[i]; dst is fp32, src any dtype (read as fp32). The gradient
+  // accumulator's update after each reduce-scatter.
+  virtual void accumulate(Stream& stream, BufferView dst, ConstBufferView src, float alpha) const = 0;
+
+  // ---- fused optimizer steps: one pass per element reads the fp32 gradient, scales it by
+  // args.grad_scale (unscale and clip folded in), updates the fp32 master weights and the optimizer state
+  // in place, and writes the new low-precision copy of the weights into `param` (skipped when param is
+  // empty, or converted to param's dtype otherwise). All views have the same count; master and state are
+  // fp32. Formulas are DeepSpeed's (DS_CONFIG.md §2) and are spelled out in docs/kernels.md.
+  virtual void adam_step(Stream& stream, const AdamArgs& args, BufferView master, BufferView exp_avg,
+                         BufferView exp_avg_sq, ConstBufferView grad, BufferView param) const = 0;
+  virtual void lion_step(Stream& stream, const LionArgs& args, BufferView master, BufferView exp_avg,
+                         ConstBufferView grad, BufferView param) const = 0;
+  virtual void adagrad_step(Stream& stream, const AdagradArgs& args, BufferView master, BufferView sum_sq,
+                            ConstBufferView grad, BufferView param) const = 0;
 };
 
 // The backends. cuda_backend() throws Error when built without CUDA.

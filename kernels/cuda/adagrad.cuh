@@ -1,0 +1,15 @@
+// adagrad_step on the device: one grid-stride pass of detail::adagrad_elem (optim_math.hpp) per element.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "optim_math.hpp"
+#include "zero3/core/buffer_view.hpp"
+
+namespace zero3::kernels::gpu {
+
+// Arguments already checked; non-empty master, state and grad views; param empty or of the same count.
+void launch_adagrad(cudaStream_t stream, const detail::AdagradCoeffs& c, BufferView master, BufferView sum_sq,
+                    ConstBufferView grad, BufferView param);
+
+}  // namespace zero3::kernels::gpu

@@ -1,0 +1,15 @@
+// lion_step on the device: one grid-stride pass of detail::lion_elem (optim_math.hpp) per element.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "optim_math.hpp"
+#include "zero3/core/buffer_view.hpp"
+
+namespace zero3::kernels::gpu {
+
+// Arguments already checked; non-empty master, state and grad views; param empty or of the same count.
+void launch_lion(cudaStream_t stream, const detail::LionCoeffs& c, BufferView master, BufferView exp_avg,
+                 ConstBufferView grad, BufferView param);
+
+}  // namespace zero3::kernels::gpu

@@ -1,0 +1,53 @@
+// Shared pieces of the CUDA accumulate and optimizer kernels: storage types by dtype, and the dispatch
+// over the gradient's dtype and the low-precision param's (or none). Private to kernels/cuda; .cu only.
+#pragma once
+
+#include <type_traits>
+
+#include "common.cuh"
+#include "zero3/core/buffer_view.hpp"
+
+namespace zero3::kernels::gpu {
+
+// The param type of a step that writes no low-precision copy.
+struct NoParam {};
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls fn(TypeTag<T>{}) with T the device storage type of `t`.
+template <typename Fn>
+void with_device_type(DType t, const Fn& fn) {
+  switch (t) {
+    case DType::f32:
+      fn(TypeTag<float>{});
+      return;
+    case DType::f16:
+      fn(TypeTag<__half>{});
+      return;
+    case DType::bf16:
+      fn(TypeTag<__nv_bfloat16>{});
+      return;
+  }
+}
+
+// Calls fn(TypeTag<G>{}, TypeTag<P>{}) for grad's storage type G and param's P (NoParam when empty).
+template <typename Fn>
+void with_step_types(ConstBufferView grad, BufferView param, const Fn& fn) {
+  with_device_type(grad.dtype, [&](auto grad_tag) {
+    if (param.count == 0) {
+      fn(grad_tag, TypeTag<NoParam>{});
+    } else {
+      with_device_type(param.dtype, [&](auto param_tag) { fn(grad_tag, param_tag); });
+    }
+  });
+}
+
+template <typename P>
+__device__ __forceinline__ void store_param(P* out, std::size_t i, float v) {
+  if constexpr (!std::is_same_v<P, NoParam>) out[i] = store_f32<P>(v);
+}
+
+}  // namespace zero3::kernels::gpu

@@ -1,0 +1,582 @@
+// The public Engine: config checks, construction of the device, communicator and streams, the unit registry
+// before finalize(), scopes and their nesting rules, the step's window bookkeeping, and gather_tensor.
+// The mechanics live in layout/init (partitioning), gather_coordinator, grad_reducer and optimizer_step.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "engine_impl.hpp"
+#include "init.hpp"
+#include "zero3/config/parse.hpp"
+#include "zero3/core/log.hpp"
+#include "zero3/kernels/kernels.hpp"
+
+namespace zero3 {
+
+namespace {
+
+using config::OffloadDevice;
+
+std::string_view kind_name(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::param:
+      return "param";
+    case TensorKind::master:
+      return "master";
+    case TensorKind::exp_avg:
+      return "exp_avg";
+    case TensorKind::exp_avg_sq:
+      return "exp_avg_sq";
+    case TensorKind::grad:
+      return "grad";
+  }
+  return "?";
+}
+
+// What the engine cannot run, as ConfigErrors naming the key.
+void check_config(const config::Config& config, const comm::World& world) {
+  if (config.zero.stage != 3) {
+    throw ConfigError(
+        fmt::format("zero_optimization.stage: the zero3 engine runs ZeRO stage 3, but the config says stage {}",
+                    config.zero.stage));
+  }
+  if (!config.optimizer) {
+    throw ConfigError(
+        "optimizer: the zero3 engine needs an optimizer block (type Adam, AdamW, Lion or Adagrad); ZeRO-3 inference "
+        "without an optimizer is not implemented");
+  }
+  const auto offload = [](std::string_view key, OffloadDevice d) {
+    if (d == OffloadDevice::none) return;
+    throw ConfigError(fmt::format(
+        "zero_optimization.{}.device: \"{}\" is not implemented yet (CPU offload lands with the offload module); "
+        "use \"none\"",
+        key, config::to_string(d)));
+  };
+  offload("offload_optimizer", config.zero.offload_optimizer.device);
+  offload("offload_param", config.zero.offload_param.device);
+  if (config.prescale_gradients) {
+    throw ConfigError("prescale_gradients: ZeRO-3 reduce-scatters a mean; true is not supported (as in DeepSpeed)");
+  }
+  if (config.gradient_predivide_factor != 1.0) {
+    throw ConfigError(
+        fmt::format("gradient_predivide_factor: ZeRO-3 reduce-scatters a mean and needs 1.0, not {} (as in DeepSpeed)",
+                    config.gradient_predivide_factor));
+  }
+  if (config.batch.world_size != world.size) {
+    throw ConfigError(fmt::format(
+        "train_batch_size: the config's batch sizes were resolved for a world size of {} ({}), but this job has {} "
+        "ranks ({}); parse the config with the job's world size",
+        config.batch.world_size,
+        config.batch.world_size_source.empty() ? "the default" : config.batch.world_size_source, world.size,
+        world.source));
+  }
+}
+
+std::shared_ptr<Device> make_device(const config::Config& config, const comm::World& world) {
+  using config::DeviceChoice;
+  DeviceChoice choice = config.zero3.device;
+  if (choice == DeviceChoice::automatic) choice = cuda_device_count() > 0 ? DeviceChoice::cuda : DeviceChoice::host;
+  if (choice == DeviceChoice::host) return make_host_device();
+  const int count = cuda_device_count();
+  if (count == 0) {
+    throw ConfigError(fmt::format("zero3.device: \"cuda\" but {}",
+                                  built_with_cuda() ? "no CUDA device is usable" : "zero3 was built without CUDA"));
+  }
+  return make_cuda_device(world.local_rank % count);
+}
+
+std::shared_ptr<comm::Communicator> make_communicator(const config::Config& config, Device& device,
+                                                      const std::shared_ptr<comm::Bootstrap>& bootstrap) {
+  using config::CommBackend;
+  CommBackend backend = config.zero3.comm.backend;
+  if (backend == CommBackend::automatic)
+    backend = device.kind() == DeviceKind::cuda ? CommBackend::nccl : CommBackend::mpi;
+  if (backend == CommBackend::mpi && device.kind() == DeviceKind::cuda) {
+    throw ConfigError(
+        "zero3.comm.backend: \"mpi\" takes host memory, but the engine's buffers are on the CUDA device; use \"nccl\" "
+        "or \"auto\"");
+  }
+  if (backend == CommBackend::nccl && device.kind() != DeviceKind::cuda) {
+    throw ConfigError(
+        "zero3.comm.backend: \"nccl\" needs the CUDA device (zero3.device is the host); use \"mpi\" or "
+        "\"auto\"");
+  }
+  if (backend == CommBackend::nccl) return comm::make_nccl_communicator(bootstrap, device);
+  return comm::make_mpi_communicator(bootstrap, device);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Impl
+
+Engine::Impl::Impl(const config::Config& cfg, const comm::World& w, EngineResources resources)
+    : config(cfg), world(w), dtype(cfg.model_dtype()), comm_dtype(cfg.communication_data_type) {
+  check_config(config, world);
+  if (config.data_types.grad_accum_dtype && *config.data_types.grad_accum_dtype != DType::f32 && world.rank == 0) {
+    log::warn(
+        "data_types.grad_accum_dtype: {} is accepted, but zero3 accumulates gradients in fp32 (its optimizer "
+        "kernels read fp32 gradients)",
+        dtype_name(*config.data_types.grad_accum_dtype));
+  }
+  if (resources.communicator && (!resources.device || !resources.bootstrap)) {
+    throw UsageError("EngineResources: a communicator must come with its device and bootstrap");
+  }
+  device = resources.device ? std::move(resources.device) : make_device(config, world);
+  bootstrap = resources.bootstrap ? std::move(resources.bootstrap) : comm::make_mpi_bootstrap(world);
+  if (bootstrap->rank() != world.rank || bootstrap->size() != world.size) {
+    throw UsageError(fmt::format("EngineResources: the bootstrap is rank {} of {}, but the world is rank {} of {} ({})",
+                                 bootstrap->rank(), bootstrap->size(), world.rank, world.size, world.source));
+  }
+  communicator =
+      resources.communicator ? std::move(resources.communicator) : make_communicator(config, *device, bootstrap);
+  if (communicator->rank() != world.rank || communicator->size() != world.size) {
+    throw UsageError(fmt::format("EngineResources: the communicator is rank {} of {}, but the world is rank {} of {}",
+                                 communicator->rank(), communicator->size(), world.rank, world.size));
+  }
+  events = std::make_unique<engine::EventPool>(*device);
+  compute = device->create_stream("compute");
+  comm_stream = device->create_stream("comm");
+  compute_done = device->create_event();
+  step_done = device->create_event();
+}
+
+Engine::Impl::~Impl() {
+  if (!scopes.empty()) {
+    log::error("engine destroyed with {} scope(s) open, the innermost {}; scopes must not outlive their engine",
+               scopes.size(), describe_scope(scopes.back()));
+  }
+  // Let queued work finish before the buffers it uses are freed.
+  for (Stream* s : {compute.get(), comm_stream.get()}) {
+    if (s == nullptr) continue;
+    try {
+      s->synchronize();
+    } catch (const std::exception& e) {
+      log::error("engine shutdown: stream '{}' failed: {}", s->name(), e.what());
+    }
+  }
+}
+
+void Engine::Impl::check_call(std::string_view call, bool needs_finalized) {
+  if (kept_error) std::rethrow_exception(std::exchange(kept_error, nullptr));
+  if (needs_finalized && !layout) throw UsageError(fmt::format("{}: call finalize() first", call));
+  if (!needs_finalized && layout) throw UsageError(fmt::format("{}: finalize() has already run", call));
+}
+
+void Engine::Impl::keep_error(std::exception_ptr error) noexcept {
+  if (!kept_error) kept_error = std::move(error);  // the first one explains the rest
+}
+
+std::size_t Engine::Impl::unit_or_throw(std::string_view call, std::string_view name) const {
+  if (const auto u = layout->find_unit(name)) return *u;
+  throw UsageError(fmt::format("{}: no unit named '{}'", call, name));
+}
+
+std::size_t Engine::Impl::param_of_unit(std::size_t unit, std::string_view name, std::string_view what) const {
+  const std::string& unit_name = layout->units[unit].name;
+  const auto p = layout->find_param(name);
+  if (!p) throw UsageError(fmt::format("{}: unit '{}' has no param '{}'", what, unit_name, name));
+  if (layout->params[*p].unit != unit) {
+    throw UsageError(fmt::format("{}: unit '{}' has no param '{}' (it belongs to unit '{}')", what, unit_name, name,
+                                 layout->units[layout->params[*p].unit].name));
+  }
+  return *p;
+}
+
+std::string Engine::Impl::describe_scope(const OpenScope& s) const {
+  return fmt::format("the {} of unit '{}'", s.grad ? "GradScope" : "GatherScope", layout->units[s.unit].name);
+}
+
+Engine::Impl::OpenScope* Engine::Impl::find_scope(std::uint64_t token) {
+  const auto it = std::find_if(scopes.begin(), scopes.end(), [&](const OpenScope& s) { return s.token == token; });
+  return it == scopes.end() ? nullptr : &*it;
+}
+
+void Engine::Impl::close_scope(std::uint64_t token) {
+  const auto it = std::find_if(scopes.begin(), scopes.end(), [&](const OpenScope& s) { return s.token == token; });
+  if (it == scopes.end()) return;
+  std::string order_error;
+  if (std::next(it) != scopes.end()) {
+    order_error = fmt::format(
+        "{} was closed while {}, opened after it, is still open; close scopes in the reverse "
+        "order of opening",
+        describe_scope(*it), describe_scope(*std::next(it)));
+  }
+  OpenScope s = std::move(*it);
+  scopes.erase(it);
+  if (s.grad) {
+    reducer->reduce(s.unit, std::move(s.grads));
+  } else {
+    coordinator->release(s.unit);
+  }
+  if (!order_error.empty()) throw UsageError(order_error);
+}
+
+void Engine::Impl::finalize() {
+  check_call("finalize", false);
+  engine::Layout built = engine::build_layout(specs, world.size, world.rank, config.zero);
+  Buffer shards = device->allocate(built.param_shard_count, dtype, MemoryKind::device, MemCategory::param_shard);
+  Buffer acc = device->allocate(built.state_count, DType::f32, MemoryKind::device, MemCategory::grad_shard);
+  std::unique_ptr<engine::ShardOptimizer> optimizer;
+  std::vector<std::uint64_t> value_hashes;
+  try {
+    if (!acc.empty()) kernels::fill(*comm_stream, acc.view(), 0.0f);
+    optimizer = engine::make_device_optimizer(*config.optimizer, *device, *comm_stream, built.state_count,
+                                              engine::state_segments(built));
+    engine::initialize_shards(built, static_cast<std::uint64_t>(config.zero3.seed), *device, *comm_stream,
+                              optimizer->master(), shards.view(), value_hashes);
+  } catch (...) {
+    try {
+      comm_stream->synchronize();  // nothing queued may outlive the buffers unwinding here
+    } catch (...) {                // the first error is the one to report
+    }
+    throw;
+  }
+  engine::check_ranks_agree(built, value_hashes, config::to_json(config), *bootstrap);
+
+  layout.emplace(std::move(built));
+  param_shards = std::move(shards);
+  accumulators = std::move(acc);
+  const engine::OptimizerStep::Context step_context{*layout, config, *device, *communicator, *comm_stream, *events};
+  optimizer_step = std::make_unique<engine::OptimizerStep>(step_context, std::move(optimizer), accumulators.view(),
+                                                           param_shards.view());
+  const engine::GatherCoordinator::Context gather_context{*layout,      config.zero, *device, *communicator, *compute,
+                                                          *comm_stream, *events,     dtype,   stats};
+  coordinator = std::make_unique<engine::GatherCoordinator>(gather_context, param_shards.view());
+  const engine::GradReducer::Context reduce_context{*layout,      config,  *device, *communicator, *compute,
+                                                    *comm_stream, *events, dtype,   comm_dtype,    stats};
+  reducer = std::make_unique<engine::GradReducer>(reduce_context, accumulators.view());
+  stats.total_elems = layout->total_elems;
+  stats.persistent_elems = layout->persistent_elems;
+  specs.clear();
+
+  if (world.rank == 0) {
+    const auto persistent_units = std::count_if(layout->units.begin(), layout->units.end(),
+                                                [](const engine::UnitLayout& u) { return u.persistent; });
+    log::info(
+        "zero3 engine: {} units ({} persistent), {} params, {} elements ({} persistent) on {} ranks; compute {}, "
+        "reduce {}, master and accumulators fp32; {} device, {} communicator",
+        layout->units.size(), persistent_units, layout->params.size(), layout->total_elems, layout->persistent_elems,
+        world.size, dtype_name(dtype), dtype_name(comm_dtype), device_kind_name(device->kind()),
+        communicator->backend_name());
+  }
+}
+
+StepResult Engine::Impl::step() {
+  check_call("step", true);
+  if (!scopes.empty()) {
+    std::string open;
+    for (const OpenScope& s : scopes) open += (open.empty() ? "" : ", ") + describe_scope(s);
+    throw UsageError(fmt::format("step() with scopes still open ({}); close them first", open));
+  }
+  StepResult r;
+  r.loss_scale = optimizer_step->loss_scale();
+  r.next_loss_scale = r.loss_scale;
+  if (++micro_steps < config.batch.gradient_accumulation_steps) {
+    r.global_step = global_step;
+    r.skipped_steps = skipped_steps;
+    coordinator->reclaim();
+    reducer->reclaim();
+    return r;
+  }
+  micro_steps = 0;
+  r.boundary = true;
+  // The step may update persistent params that compute work enqueued so far still reads.
+  compute->record(*compute_done);
+  comm_stream->wait(*compute_done);
+  coordinator->end_window();
+  const engine::StepOutcome out = optimizer_step->run();
+  ++global_step;
+  if (!out.applied) ++skipped_steps;
+  r.applied = out.applied;
+  r.grad_norm = out.grad_norm;
+  r.lr = out.lr;
+  r.loss_scale = out.loss_scale;
+  r.next_loss_scale = out.next_loss_scale;
+  r.global_step = global_step;
+  r.skipped_steps = skipped_steps;
+
+  stats.last_step_all_gather_elems = std::exchange(stats.all_gather_elems, 0);
+  stats.last_step_reduce_scatter_elems = std::exchange(stats.reduce_scatter_elems, 0);
+  stats.last_step_all_reduce_elems = std::exchange(stats.all_reduce_elems, 0);
+  // Compute work after this (the next forward) reads the persistent params the step wrote.
+  comm_stream->record(*step_done);
+  compute->wait(*step_done);
+  coordinator->reclaim();
+  reducer->reclaim();
+  return r;
+}
+
+std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind kind) {
+  check_call(fmt::format("gather_tensor('{}')", name), true);
+  const auto pi = layout->find_param(name);
+  if (!pi) throw UsageError(fmt::format("gather_tensor: no param named '{}'", name));
+  const engine::ParamLayout& p = layout->params[*pi];
+  const engine::UnitLayout& unit = layout->units[p.unit];
+  const engine::GroupLayout& g = unit.group(p.group);
+  const bool frozen = p.group == engine::Group::frozen;
+  if (frozen && kind != TensorKind::param && kind != TensorKind::master) {
+    throw UsageError(
+        fmt::format("gather_tensor('{}', {}): param '{}' of unit '{}' is frozen (trainable = false): it "
+                    "has no gradient and no optimizer state",
+                    name, kind_name(kind), name, unit.name));
+  }
+  BufferView source;  // the rank's flat buffer of this kind
+  switch (kind) {
+    case TensorKind::param:
+      source = param_shards.view();
+      break;
+    case TensorKind::master:
+      source = frozen ? param_shards.view() : optimizer_step->optimizer().master();
+      break;
+    case TensorKind::grad:
+      source = accumulators.view();
+      break;
+    case TensorKind::exp_avg:
+    case TensorKind::exp_avg_sq: {
+      const std::optional<BufferView> state = optimizer_step->optimizer().state(kind);
+      if (!state) {
+        throw UsageError(fmt::format("gather_tensor('{}', {}): the {} optimizer keeps no {}", name, kind_name(kind),
+                                     config::to_string(config.optimizer->type), kind_name(kind)));
+      }
+      source = *state;
+      break;
+    }
+  }
+  const BufferView slice = source.slice(g.flat_offset, g.shard);
+  Buffer full;
+  ConstBufferView piece;
+  if (unit.persistent) {
+    piece = slice.slice(p.offset, p.numel);
+  } else {  // collective: every rank takes this path for the same param
+    full = device->allocate(g.padded, source.dtype, MemoryKind::device, MemCategory::workspace);
+    if (g.padded > 0) communicator->all_gather(slice, full.view(), *comm_stream);
+    piece = full.cview().slice(p.offset, p.numel);
+  }
+  const MemoryKind host_kind = device->kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
+  Buffer host = device->allocate(p.numel, source.dtype, host_kind, MemCategory::staging);
+  if (p.numel > 0) device->copy_async(host.view(), piece, *comm_stream);
+  comm_stream->synchronize();  // also orders after every reduction and step enqueued so far
+  std::vector<float> out(p.numel);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_float(host.data(), host.dtype(), i);
+  return out;
+}
+
+// ---------------------------------------------------------------- Engine
+
+Engine::Engine(const config::Config& config, const comm::World& world, EngineResources resources)
+    : impl_(std::make_unique<Impl>(config, world, std::move(resources))) {}
+
+Engine::~Engine() = default;
+
+void Engine::add_unit(UnitSpec unit) {
+  Impl& impl = *impl_;
+  if (impl.kept_error) std::rethrow_exception(std::exchange(impl.kept_error, nullptr));
+  if (impl.layout) {
+    throw UsageError(
+        fmt::format("add_unit('{}') after finalize(): the model is partitioned once; declare every unit "
+                    "before finalize()",
+                    unit.name));
+  }
+  engine::validate_unit_spec(unit);
+  if (impl.unit_names.contains(unit.name)) {
+    throw UsageError(fmt::format("add_unit: a unit named '{}' was already declared", unit.name));
+  }
+  std::unordered_set<std::string> mine;
+  for (const ParamSpec& p : unit.params) {
+    if (impl.param_names.contains(p.name) || !mine.insert(p.name).second) {
+      throw UsageError(fmt::format("add_unit('{}'): a param named '{}' was already declared", unit.name, p.name));
+    }
+  }
+  impl.unit_names.insert(unit.name);
+  impl.param_names.insert(mine.begin(), mine.end());
+  impl.specs.push_back(std::move(unit));
+}
+
+void Engine::finalize() {
+  impl_->finalize();
+}
+
+Engine::GatherScope Engine::gather(std::string_view unit) {
+  Impl& impl = *impl_;
+  impl.check_call(fmt::format("gather('{}')", unit), true);
+  const std::size_t u = impl.unit_or_throw("gather", unit);
+  impl.coordinator->acquire(u);
+  const std::uint64_t token = impl.next_token++;
+  impl.scopes.push_back({false, u, token, {}});
+  return GatherScope(this, u, token);
+}
+
+Engine::GradScope Engine::grads(std::string_view unit) {
+  Impl& impl = *impl_;
+  impl.check_call(fmt::format("grads('{}')", unit), true);
+  const std::size_t u = impl.unit_or_throw("grads", unit);
+  const auto open = [&](bool grad) {
+    return std::any_of(impl.scopes.begin(), impl.scopes.end(),
+                       [&](const Impl::OpenScope& s) { return s.grad == grad && s.unit == u; });
+  };
+  if (!open(false)) {
+    throw UsageError(
+        fmt::format("grads('{}'): the unit's GatherScope is not open; open engine.gather(\"{}\") first "
+                    "and keep it open while writing the gradients",
+                    unit, unit));
+  }
+  if (open(true)) throw UsageError(fmt::format("grads('{}'): a GradScope of this unit is already open", unit));
+  Buffer buffer = impl.reducer->open(u);
+  const std::uint64_t token = impl.next_token++;
+  impl.scopes.push_back({true, u, token, std::move(buffer)});
+  return GradScope(this, u, token);
+}
+
+double Engine::loss_scale() const {
+  if (impl_->optimizer_step) return impl_->optimizer_step->loss_scale();
+  return optim::LossScaler::from_config(impl_->config).scale();
+}
+
+double Engine::loss_multiplier() const {
+  return loss_scale() / static_cast<double>(impl_->config.batch.gradient_accumulation_steps);
+}
+
+StepResult Engine::step() {
+  return impl_->step();
+}
+
+std::vector<float> Engine::gather_tensor(std::string_view param, TensorKind kind) {
+  return impl_->gather_tensor(param, kind);
+}
+
+Stream& Engine::compute_stream() {
+  return *impl_->compute;
+}
+Device& Engine::device() {
+  return *impl_->device;
+}
+comm::Communicator& Engine::communicator() {
+  return *impl_->communicator;
+}
+const config::Config& Engine::config() const {
+  return impl_->config;
+}
+EngineStats Engine::stats() const {
+  return impl_->stats;
+}
+void Engine::reset_peaks() {
+  impl_->stats.gathered_peak_elems = impl_->stats.gathered_elems;
+  impl_->device->memory().reset_peaks();
+}
+MemoryTracker& Engine::memory() {
+  return impl_->device->memory();
+}
+std::int64_t Engine::global_step() const {
+  return impl_->global_step;
+}
+std::int64_t Engine::skipped_steps() const {
+  return impl_->skipped_steps;
+}
+
+std::vector<std::string> Engine::unit_names() const {
+  std::vector<std::string> names;
+  if (impl_->layout) {
+    for (const engine::UnitLayout& u : impl_->layout->units) names.push_back(u.name);
+  } else {
+    for (const UnitSpec& u : impl_->specs) names.push_back(u.name);
+  }
+  return names;
+}
+
+std::vector<ParamSpec> Engine::unit_params(std::string_view unit) const {
+  if (impl_->layout) {
+    const std::size_t u = impl_->unit_or_throw("unit_params", unit);
+    std::vector<ParamSpec> params;
+    for (const std::size_t p : impl_->layout->units[u].params) params.push_back(impl_->layout->params[p].spec);
+    return params;
+  }
+  for (const UnitSpec& u : impl_->specs) {
+    if (u.name == unit) return u.params;
+  }
+  throw UsageError(fmt::format("unit_params: no unit named '{}'", unit));
+}
+
+// ---------------------------------------------------------------- scopes
+
+Engine::GatherScope::GatherScope(Engine* engine, std::size_t unit_index, std::uint64_t token)
+    : engine_(engine), unit_index_(unit_index), token_(token) {}
+
+Engine::GatherScope::GatherScope(GatherScope&& other) noexcept
+    : engine_(std::exchange(other.engine_, nullptr)),
+      unit_index_(other.unit_index_),
+      token_(std::exchange(other.token_, 0)) {}
+
+Engine::GatherScope::~GatherScope() {
+  try {
+    close();
+  } catch (...) {  // a destructor never throws: the engine's next call does
+    if (engine_ != nullptr) engine_->impl_->keep_error(std::current_exception());
+  }
+}
+
+const std::string& Engine::GatherScope::unit() const {
+  if (engine_ == nullptr) throw UsageError("GatherScope::unit() of a moved-from scope");
+  return engine_->impl_->layout->units[unit_index_].name;
+}
+
+BufferView Engine::GatherScope::param(std::string_view name) const {
+  if (engine_ == nullptr) throw UsageError(fmt::format("GatherScope::param('{}') of a moved-from scope", name));
+  Impl& impl = *engine_->impl_;
+  if (token_ == 0 || impl.find_scope(token_) == nullptr) {
+    throw UsageError(fmt::format("GatherScope::param('{}'): the GatherScope of unit '{}' is closed", name,
+                                 impl.layout->units[unit_index_].name));
+  }
+  return impl.coordinator->param(impl.param_of_unit(unit_index_, name, "GatherScope::param"));
+}
+
+void Engine::GatherScope::close() {
+  if (engine_ == nullptr || token_ == 0) return;
+  engine_->impl_->close_scope(std::exchange(token_, 0));
+}
+
+Engine::GradScope::GradScope(Engine* engine, std::size_t unit_index, std::uint64_t token)
+    : engine_(engine), unit_index_(unit_index), token_(token) {}
+
+Engine::GradScope::GradScope(GradScope&& other) noexcept
+    : engine_(std::exchange(other.engine_, nullptr)),
+      unit_index_(other.unit_index_),
+      token_(std::exchange(other.token_, 0)) {}
+
+Engine::GradScope::~GradScope() {
+  try {
+    close();
+  } catch (...) {  // a destructor never throws: the engine's next call does
+    if (engine_ != nullptr) engine_->impl_->keep_error(std::current_exception());
+  }
+}
+
+const std::string& Engine::GradScope::unit() const {
+  if (engine_ == nullptr) throw UsageError("GradScope::unit() of a moved-from scope");
+  return engine_->impl_->layout->units[unit_index_].name;
+}
+
+BufferView Engine::GradScope::grad(std::string_view name) const {
+  if (engine_ == nullptr) throw UsageError(fmt::format("GradScope::grad('{}') of a moved-from scope", name));
+  Impl& impl = *engine_->impl_;
+  const std::string& unit_name = impl.layout->units[unit_index_].name;
+  Impl::OpenScope* scope = token_ == 0 ? nullptr : impl.find_scope(token_);
+  if (scope == nullptr) {
+    throw UsageError(fmt::format("GradScope::grad('{}'): the GradScope of unit '{}' is closed", name, unit_name));
+  }
+  const engine::ParamLayout& p = impl.layout->params[impl.param_of_unit(unit_index_, name, "GradScope::grad")];
+  if (p.group == engine::Group::frozen) {
+    throw UsageError(
+        fmt::format("GradScope::grad('{}'): param '{}' of unit '{}' is frozen (trainable = false) and "
+                    "has no gradient",
+                    name, name, unit_name));
+  }
+  return scope->grads.view().slice(p.offset, p.numel);
+}
+
+void Engine::GradScope::close() {
+  if (engine_ == nullptr || token_ == 0) return;
+  engine_->impl_->close_scope(std::exchange(token_, 0));
+}
+
+}  // namespace zero3

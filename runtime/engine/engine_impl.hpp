@@ -1,0 +1,89 @@
+// Engine::Impl: what one Engine owns, in lifetime order (members are destroyed in reverse, so the device
+// outlives every buffer, and the streams are drained before the buffers their work uses go away).
+// engine.cpp implements the public class on top of it. Engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "deferred_free.hpp"
+#include "gather_coordinator.hpp"
+#include "grad_reducer.hpp"
+#include "layout.hpp"
+#include "optimizer_step.hpp"
+#include "zero3/engine/engine.hpp"
+
+namespace zero3 {
+
+struct Engine::Impl {
+  Impl(const config::Config& config, const comm::World& world, EngineResources resources);
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // ---- checks shared by the public calls
+  // Rethrows an error kept by a scope's destructor (once), then checks finalize() has (or has not) run.
+  void check_call(std::string_view call, bool needs_finalized);
+  std::size_t unit_or_throw(std::string_view call, std::string_view name) const;
+  std::size_t param_of_unit(std::size_t unit, std::string_view name, std::string_view what) const;
+  void keep_error(std::exception_ptr error) noexcept;
+
+  // ---- scopes
+  struct OpenScope {
+    bool grad = false;
+    std::size_t unit = 0;
+    std::uint64_t token = 0;
+    Buffer grads;  // grad scopes: the full-size gradient buffer
+  };
+  OpenScope* find_scope(std::uint64_t token);
+  // Closes the scope `token` (a no-op when it is not open). State is updated before an order error throws.
+  void close_scope(std::uint64_t token);
+  std::string describe_scope(const OpenScope& s) const;
+
+  void finalize();
+  StepResult step();
+  std::vector<float> gather_tensor(std::string_view param, TensorKind kind);
+
+  config::Config config;
+  comm::World world;
+  DType dtype = DType::f32;       // compute: param shards, gathered params, grad buffers
+  DType comm_dtype = DType::f32;  // gradient reduction
+  std::shared_ptr<Device> device;
+  std::shared_ptr<comm::Bootstrap> bootstrap;
+  std::shared_ptr<comm::Communicator> communicator;
+  std::unique_ptr<engine::EventPool> events;
+  std::unique_ptr<Stream> compute;
+  // All collectives, the accumulation and the optimizer step: one in-order queue for everything that touches
+  // the shards, so the step sees every reduction and the next gathers see the new params without events.
+  std::unique_ptr<Stream> comm_stream;
+  std::unique_ptr<Event> compute_done;  // compute -> comm joins
+  std::unique_ptr<Event> step_done;     // comm -> compute join after a step
+
+  // Before finalize(): the declared units.
+  std::vector<UnitSpec> specs;
+  std::unordered_set<std::string> unit_names;
+  std::unordered_set<std::string> param_names;
+
+  // After finalize().
+  std::optional<engine::Layout> layout;
+  Buffer param_shards;  // compute dtype, layout.param_shard_count
+  Buffer accumulators;  // fp32, layout.state_count
+  std::unique_ptr<engine::OptimizerStep> optimizer_step;
+  std::unique_ptr<engine::GatherCoordinator> coordinator;
+  std::unique_ptr<engine::GradReducer> reducer;
+
+  std::vector<OpenScope> scopes;  // open scopes, in opening order
+  std::uint64_t next_token = 1;
+  std::exception_ptr kept_error;
+  EngineStats stats;
+  std::int64_t micro_steps = 0;  // in the current accumulation window
+  std::int64_t global_step = 0;
+  std::int64_t skipped_steps = 0;
+};
+
+}  // namespace zero3

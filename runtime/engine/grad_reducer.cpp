@@ -1,0 +1,126 @@
+#include "grad_reducer.hpp"
+
+#include <algorithm>
+
+#include "zero3/kernels/kernels.hpp"
+
+namespace zero3::engine {
+
+namespace {
+
+void accumulate(Stream& stream, BufferView dst, ConstBufferView src) {
+  stream.device().kernels().accumulate(stream, dst, src, 1.0f);
+}
+
+}  // namespace
+
+GradReducer::GradReducer(const Context& context, BufferView accumulators)
+    : layout_(context.layout),
+      device_(context.device),
+      comm_(context.comm),
+      compute_(context.compute),
+      comm_stream_(context.comm_stream),
+      dtype_(context.dtype),
+      comm_dtype_(context.comm_dtype),
+      stats_(context.stats),
+      accumulators_(accumulators),
+      compute_done_(context.events.acquire()),
+      frees_(context.events) {
+  // reduce_bucket_size elements per collective: W pieces of this many, rounded down to the alignment.
+  const auto w = static_cast<std::size_t>(layout_.world_size);
+  const auto bucket = static_cast<std::size_t>(std::max<std::int64_t>(context.config.zero.reduce_bucket_size, 0));
+  piece_ = std::max(kAlignElems, bucket / w / kAlignElems * kAlignElems);
+  max_pending_ = bucket;
+}
+
+Buffer GradReducer::open(std::size_t unit) {
+  const UnitLayout& ul = layout_.units[unit];
+  const GroupLayout& g = ul.group(Group::trainable);
+  // A backward far ahead of its reductions would pile up gradient buffers: beyond reduce_bucket_size
+  // elements still waiting, wait for the oldest reduction instead.
+  frees_.reclaim();
+  while (frees_.pending_elems() > max_pending_ && frees_.reclaim_oldest()) {
+  }
+  Buffer grads = device_.allocate(g.padded, dtype_, MemoryKind::device, MemCategory::grad_buffer);
+  if (!grads.empty()) kernels::fill(compute_, grads.view(), 0.0f);
+  return grads;
+}
+
+BufferView GradReducer::scratch(Buffer& buffer, std::size_t count) {
+  if (buffer.count() < count) {
+    frees_.release(std::move(buffer), comm_stream_);  // earlier pieces may still be reading it
+    buffer = device_.allocate(count, comm_dtype_, MemoryKind::device, MemCategory::comm_buffer);
+  }
+  return buffer.view().slice(0, count);
+}
+
+void GradReducer::reduce(std::size_t unit, Buffer grads) {
+  if (grads.empty()) return;
+  const UnitLayout& ul = layout_.units[unit];
+  const GroupLayout& g = ul.group(Group::trainable);
+  // The reduction reads what the compute stream wrote: everything enqueued there so far.
+  compute_.record(*compute_done_);
+  comm_stream_.wait(*compute_done_);
+  if (ul.persistent) {
+    reduce_persistent(g, grads.view());
+    stats_.all_reduce_elems += g.numel;
+  } else {
+    reduce_sharded(g, grads.view());
+    stats_.reduce_scatter_elems += g.numel;
+  }
+  frees_.release(std::move(grads), comm_stream_);
+  frees_.reclaim();
+}
+
+void GradReducer::reduce_sharded(const GroupLayout& g, BufferView grads) {
+  const auto w = static_cast<std::size_t>(layout_.world_size);
+  const std::size_t s = g.shard;
+  const BufferView acc = accumulators_.slice(g.flat_offset, s);
+  if (s <= piece_) {
+    // The whole group in one collective: the grad buffer is already rank-major.
+    ConstBufferView send = grads;
+    if (comm_dtype_ != dtype_) {
+      const BufferView cast = scratch(send_, w * s);
+      kernels::cast(comm_stream_, cast, grads);
+      send = cast;
+    }
+    const BufferView recv = scratch(recv_, s);
+    comm_.reduce_scatter(send, recv, comm::ReduceOp::avg, comm_stream_);
+    accumulate(comm_stream_, acc, recv);
+    return;
+  }
+  // Pieces [a, a + n) of every rank's slice, packed rank-major so one reduce-scatter hands rank q its part.
+  for (std::size_t a = 0; a < s; a += piece_) {
+    const std::size_t n = std::min(piece_, s - a);
+    const BufferView send = scratch(send_, w * n);
+    for (std::size_t q = 0; q < w; ++q) {
+      const ConstBufferView src = grads.slice(q * s + a, n);
+      if (comm_dtype_ == dtype_) {
+        device_.copy_async(send.slice(q * n, n), src, comm_stream_);
+      } else {
+        kernels::cast(comm_stream_, send.slice(q * n, n), src);
+      }
+    }
+    const BufferView recv = scratch(recv_, n);
+    comm_.reduce_scatter(send, recv, comm::ReduceOp::avg, comm_stream_);
+    accumulate(comm_stream_, acc.slice(a, n), recv);
+  }
+}
+
+void GradReducer::reduce_persistent(const GroupLayout& g, BufferView grads) {
+  const std::size_t limit = piece_ * static_cast<std::size_t>(layout_.world_size);
+  const BufferView acc = accumulators_.slice(g.flat_offset, g.numel);
+  for (std::size_t a = 0; a < g.numel; a += limit) {
+    const std::size_t n = std::min(limit, g.numel - a);
+    BufferView data = grads.slice(a, n);
+    if (comm_dtype_ != dtype_) {
+      const BufferView cast = scratch(send_, n);
+      kernels::cast(comm_stream_, cast, data);
+      data = cast;
+    }
+    comm_.all_reduce(data, comm::ReduceOp::avg, comm_stream_);
+    accumulate(comm_stream_, acc.slice(a, n), data);
+  }
+}
+
+}  // namespace zero3::engine

@@ -1,0 +1,180 @@
+#include "optimizer_step.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "zero3/kernels/kernels.hpp"
+
+namespace zero3::engine {
+
+namespace {
+
+using config::OptimizerType;
+
+class DeviceShardOptimizer final : public ShardOptimizer {
+ public:
+  DeviceShardOptimizer(const config::OptimizerConfig& config, Device& device, Stream& stream, std::size_t count,
+                       std::vector<StateSegment> segments)
+      : config_(config), segments_(std::move(segments)) {
+    master_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::master);
+    const bool has_m = config.type != OptimizerType::adagrad;
+    const bool has_v = config.type != OptimizerType::lion;  // Adagrad's sum of squares sits here
+    if (has_m) exp_avg_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::optim_state);
+    if (has_v) exp_avg_sq_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::optim_state);
+    for (Buffer* b : {&exp_avg_, &exp_avg_sq_}) {
+      if (!b->empty()) kernels::fill(stream, b->view(), 0.0f);
+    }
+    has_exp_avg_ = has_m;
+    has_exp_avg_sq_ = has_v;
+  }
+
+  BufferView master() override { return master_.view(); }
+
+  std::optional<BufferView> state(TensorKind kind) override {
+    if (kind == TensorKind::exp_avg && has_exp_avg_) return exp_avg_.view();
+    if (kind == TensorKind::exp_avg_sq && has_exp_avg_sq_) return exp_avg_sq_.view();
+    return std::nullopt;
+  }
+
+  void step(Stream& stream, const OptimizerStepArgs& args, ConstBufferView grads, BufferView params) override {
+    const kernels::KernelBackend& k = stream.device().kernels();
+    for (const StateSegment& seg : segments_) {
+      const auto lr = static_cast<float>(args.lr * seg.lr_scale);
+      const auto wd = static_cast<float>(seg.weight_decay ? config_.weight_decay : 0.0);
+      const BufferView master = master_.view().slice(seg.offset, seg.count);
+      const ConstBufferView grad = grads.slice(seg.offset, seg.count);
+      const BufferView param = params.slice(seg.offset, seg.count);
+      switch (config_.type) {
+        case OptimizerType::adam:
+        case OptimizerType::adamw: {
+          kernels::AdamArgs a;
+          a.lr = lr;
+          a.beta1 = static_cast<float>(args.betas[0]);
+          a.beta2 = static_cast<float>(args.betas[1]);
+          a.eps = static_cast<float>(config_.eps);
+          a.weight_decay = wd;
+          a.adamw = config_.decoupled_weight_decay;
+          a.bias_correction = config_.bias_correction;
+          a.step = args.step;
+          a.grad_scale = args.grad_scale;
+          k.adam_step(stream, a, master, exp_avg_.view().slice(seg.offset, seg.count),
+                      exp_avg_sq_.view().slice(seg.offset, seg.count), grad, param);
+          break;
+        }
+        case OptimizerType::lion: {
+          kernels::LionArgs a;
+          a.lr = lr;
+          a.beta1 = static_cast<float>(args.betas[0]);
+          a.beta2 = static_cast<float>(args.betas[1]);
+          a.weight_decay = wd;
+          a.grad_scale = args.grad_scale;
+          k.lion_step(stream, a, master, exp_avg_.view().slice(seg.offset, seg.count), grad, param);
+          break;
+        }
+        case OptimizerType::adagrad: {
+          kernels::AdagradArgs a;
+          a.lr = lr;
+          a.eps = static_cast<float>(config_.eps);
+          a.weight_decay = wd;
+          a.grad_scale = args.grad_scale;
+          k.adagrad_step(stream, a, master, exp_avg_sq_.view().slice(seg.offset, seg.count), grad, param);
+          break;
+        }
+      }
+    }
+  }
+
+ private:
+  config::OptimizerConfig config_;
+  std::vector<StateSegment> segments_;
+  Buffer master_;
+  Buffer exp_avg_;
+  Buffer exp_avg_sq_;
+  bool has_exp_avg_ = false;
+  bool has_exp_avg_sq_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerConfig& optimizer, Device& device,
+                                                      Stream& stream, std::size_t count,
+                                                      std::vector<StateSegment> segments) {
+  return std::make_unique<DeviceShardOptimizer>(optimizer, device, stream, count, std::move(segments));
+}
+
+OptimizerStep::OptimizerStep(const Context& context, std::unique_ptr<ShardOptimizer> optimizer, BufferView accumulators,
+                             BufferView params)
+    : layout_(context.layout),
+      config_(context.config),
+      device_(context.device),
+      comm_(context.comm),
+      stream_(context.stream),
+      optimizer_(std::move(optimizer)),
+      accumulators_(accumulators),
+      params_(params),
+      schedule_(optim::LrSchedule::create(context.config.scheduler ? &*context.config.scheduler : nullptr,
+                                          *context.config.optimizer)),
+      scaler_(optim::LossScaler::from_config(context.config)),
+      scalars_ready_(context.events.acquire()) {
+  scalars_ = device_.allocate(2, DType::f32, MemoryKind::device, MemCategory::workspace);
+  const MemoryKind host_kind = device_.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
+  host_scalars_ = device_.allocate(2, DType::f32, host_kind, MemCategory::staging);
+}
+
+StepOutcome OptimizerStep::run() {
+  const BufferView flag = scalars_.view().slice(0, 1);
+  const BufferView sum_sq = scalars_.view().slice(1, 1);
+  const BufferView acc = accumulators_;
+  kernels::fill(stream_, scalars_.view(), 0.0f);
+  if (scaler_.checks_overflow()) kernels::nonfinite_check(stream_, acc, flag);
+  // Sharded accumulators are disjoint across ranks; persistent ones are identical on every rank (the
+  // all-reduce gives bitwise equal results), so rank 0 alone adds them to count them once.
+  kernels::sum_squares(stream_, acc.slice(0, layout_.sharded_state_count), sum_sq, /*accumulate=*/false);
+  if (comm_.rank() == 0 && layout_.state_count > layout_.sharded_state_count) {
+    kernels::sum_squares(stream_,
+                         acc.slice(layout_.sharded_state_count, layout_.state_count - layout_.sharded_state_count),
+                         sum_sq, /*accumulate=*/true);
+  }
+  // One all-reduce for both: the flags add up to the number of ranks that saw a non-finite value.
+  comm_.all_reduce(scalars_.view(), comm::ReduceOp::sum, stream_);
+  device_.copy_async(host_scalars_.view(), scalars_.cview(), stream_);
+  stream_.record(*scalars_ready_);
+  scalars_ready_->synchronize();
+  const float overflow_flag = host_scalars_.view().as<float>()[0];
+  const double total_sq = host_scalars_.view().as<float>()[1];
+
+  StepOutcome out;
+  out.loss_scale = scaler_.scale();
+  const double norm = std::sqrt(total_sq);  // of the scaled gradients
+  out.grad_norm = norm / out.loss_scale;
+  if (overflow_flag != 0.0f) {
+    kernels::fill(stream_, acc, 0.0f);
+    scaler_.update(true);
+    out.next_loss_scale = scaler_.scale();
+    return out;
+  }
+
+  // DeepSpeed's unscale_and_clip_grads: c = max(1, (N / scale + 1e-6) / clip); gradients times 1 / (c * scale).
+  double coefficient = 1.0;
+  if (config_.gradient_clipping > 0.0) {
+    coefficient = std::max(1.0, (out.grad_norm + 1e-6) / config_.gradient_clipping);
+  }
+  const optim::LrValues lr = schedule_->current();
+  OptimizerStepArgs args;
+  args.lr = lr.lr;
+  args.betas = lr.betas.value_or(config_.optimizer->betas);
+  args.grad_scale = static_cast<float>(1.0 / (coefficient * out.loss_scale));
+  args.step = applied_steps_ + 1;
+  optimizer_->step(stream_, args, acc, params_.slice(0, layout_.state_count));
+  kernels::fill(stream_, acc, 0.0f);
+
+  schedule_->advance();
+  scaler_.update(false);
+  ++applied_steps_;
+  out.applied = true;
+  out.lr = lr.lr;
+  out.next_loss_scale = scaler_.scale();
+  return out;
+}
+
+}  // namespace zero3::engine

@@ -1,0 +1,708 @@
+// The ZeRO-3 engine at world size W against the unsharded float64 reference (tests/model/reference.hpp):
+// the float test model runs through GatherScope/GradScope on the engine's compute stream, each rank on its
+// rank-strided share of a global batch that does not depend on W, and the reference trains the same model
+// on the whole global batch with its own optimizer, schedule, clipping and loss-scale code. Checked:
+// params (gather_tensor master) per param with a norm-wise relative bound and an element bound, the loss
+// curve, grad norms, lrs, loss scales; gradient accumulation against one big micro-batch; overflow skips
+// leaving state bitwise unchanged; the gathered-memory budget; communication volume; frozen params,
+// weight_decay=false and lr_scale. Tolerances and their reasons: docs/testing.md.
+// Every rank runs every collective (gather_tensor included) in the same order, and results are checked
+// with CHECK afterwards, so a failure on one rank cannot strand the others in a collective.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_model.hpp"
+#include "mpi_test_env.hpp"
+#include "reference.hpp"
+#include "zero3/config/parse.hpp"
+#include "zero3/core/dtype.hpp"
+#include "zero3/engine/engine.hpp"
+
+using namespace zero3;
+using model::Arch;
+
+namespace {
+
+constexpr int kSteps = 20;
+constexpr std::uint64_t kDataSeed = 2024;
+
+// Per dtype (docs/testing.md explains each number):
+//  norm: ||zero3 - ref|| / ||ref|| per param after the run;
+//  update, rtol: per element, |zero3 - ref| <= update * (sum of the lrs applied) * lr_scale + rtol * |ref|.
+//    Adam, Lion and Adagrad normalize each element's step to about lr whatever the gradient's size, so an
+//    element whose gradient is tiny next to the terms it sums (relative rounding error large) still moves by
+//    a full step: element errors scale with the distance travelled, not with the element's value.
+//  loss, grad_norm: per step, relative.
+struct Tolerance {
+  double norm;
+  double update;
+  double rtol;
+  double loss;
+  double grad_norm;
+};
+// fp32: the float model's rounding (~1e-7 relative per op, sums of <= 100 terms; up to ~1e-3 for an element
+// 1e4 times smaller than its terms), the engine's fp32 master and optimizer arithmetic, over 20 steps.
+constexpr Tolerance kFp32{1e-5, 1e-3, 1e-5, 1e-5, 1e-5};
+// bf16: the forward reads bf16-rounded params (the reference does too), but the engine's gradients are
+// rounded to bf16 (8 bits: 2e-3 relative) before the reduce-scatter, and once the masters differ slightly
+// their bf16 roundings differ by whole ulps (4e-3 relative) in the next forward.
+constexpr Tolerance kBf16{2e-2, 2.5e-1, 1e-2, 1e-3, 1e-2};
+// fp16: as bf16 with 11-bit mantissas (5e-4 relative), the gradients scaled by the loss scale to stay normal.
+constexpr Tolerance kFp16{5e-3, 5e-3, 2e-3, 1e-4, 2e-3};
+
+test::MpiTestEnv& env() {
+  return test::mpi_env();
+}
+int world_size() {
+  return env().world.size;
+}
+int world_rank() {
+  return env().world.rank;
+}
+
+double mean_over_ranks(double v) {
+  std::vector<std::byte> mine(sizeof v);
+  std::memcpy(mine.data(), &v, sizeof v);
+  const std::vector<std::byte> all = env().bootstrap->all_gather(mine);
+  double sum = 0.0;
+  for (std::size_t off = 0; off < all.size(); off += sizeof v) {
+    double x = 0.0;
+    std::memcpy(&x, all.data() + off, sizeof x);
+    sum += x;
+  }
+  return sum / world_size();
+}
+
+double rel(double a, double b) {
+  if (a == b) return 0.0;
+  return std::fabs(a - b) / std::max(std::fabs(b), 1e-300);
+}
+
+model::ModelConfig transformer(int layers = 2) {
+  model::ModelConfig m;
+  m.arch = Arch::transformer;
+  m.d_in = 8;
+  m.d_model = 16;
+  m.d_ff = 32;
+  m.layers = layers;
+  m.seq_len = 8;
+  m.d_out = 5;
+  return m;
+}
+
+model::ModelConfig mlp() {
+  model::ModelConfig m;
+  m.arch = Arch::mlp;
+  m.d_in = 8;
+  m.d_model = 16;
+  m.layers = 2;
+  m.d_out = 4;
+  m.activation = model::Activation::tanh;
+  return m;
+}
+
+// A DeepSpeed config for this world size, assembled from pieces and parsed like a user's file.
+struct ConfigText {
+  int train_batch = 12;  // global: divisible by 1, 2, 3 and 4
+  int gas = 1;
+  std::string optimizer = R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.05}})";
+  std::string scheduler;  // a scheduler object, or empty for none
+  std::string precision;  // e.g. "bf16": {"enabled": true}
+  double clipping = 0.0;
+  // Units up to 200 elements (the input projection and the head) persistent, blocks sharded.
+  std::string zero = R"("stage3_param_persistence_threshold": 200)";
+
+  config::Config parse() const {
+    const int w = world_size();
+    std::string text = fmt::format(
+        R"({{"train_batch_size": {}, "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
+            "gradient_clipping": {}, "optimizer": {}, {} {}
+            "zero_optimization": {{"stage": 3, {}}}, "zero3": {{"seed": 42, "device": "host"}}}})",
+        train_batch, train_batch / (w * gas), gas, clipping, optimizer,
+        scheduler.empty() ? "" : fmt::format(R"("scheduler": {},)", scheduler),
+        precision.empty() ? "" : precision + ",", zero);
+    config::ParseOptions options;
+    options.world_size = w;
+    options.world_size_source = "test";
+    const config::ParseResult r = config::parse_config_text(text, options);
+    if (!r.runnable()) {
+      std::string msg;
+      for (const auto& d : r.errors) msg += config::format_diagnostic("error", d) + "\n";
+      for (const auto& d : r.not_implemented) msg += config::format_diagnostic("not implemented", d) + "\n";
+      throw ConfigError(fmt::format("test config rejected:\n{}{}", msg, text));
+    }
+    return *r.config;
+  }
+};
+
+// The zero3 side: the float model driven through the engine. All model work is enqueued on the engine's
+// compute stream (launch_host), as a device trainer would enqueue kernels, so the engine's event ordering
+// is what makes it correct.
+class EngineTrainer {
+ public:
+  EngineTrainer(const config::Config& config, const model::ModelConfig& model, std::vector<UnitSpec> units)
+      : model_(model), units_(std::move(units)), net_(model), engine_(config, env().world, resources()) {
+    for (const UnitSpec& u : units_) engine_.add_unit(u);
+    engine_.finalize();
+    pbuf_.resize(units_.size());
+    gbuf_.resize(units_.size());
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      for (const ParamSpec& p : units_[u].params) {
+        pbuf_[u].emplace_back(model::numel(p));
+        gbuf_[u].emplace_back(model::numel(p));
+      }
+    }
+  }
+
+  Engine& engine() { return engine_; }
+
+  // Forward and backward of micro-step `micro` of optimizer step `step`; this rank's micro-batch loss.
+  // `inject`: the name of a param whose first gradient element becomes +Inf on the last rank.
+  double forward_backward(std::int64_t step, int micro, const std::string& inject = {}) {
+    const int w = world_size();
+    const int r = world_rank();
+    const auto mb = static_cast<int>(engine_.config().batch.train_micro_batch_size_per_gpu);
+    auto batch = std::make_shared<const model::Batch<float>>(
+        model::make_batch<float>(model_, kDataSeed, step, model::micro_batch_ids(r, w, micro, mb)));
+    Stream& cs = engine_.compute_stream();
+    cs.launch_host([this, batch] { net_.set_batch(*batch); });
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      Engine::GatherScope g = engine_.gather(units_[u].name);
+      std::vector<BufferView> params;
+      for (const ParamSpec& p : units_[u].params) params.push_back(g.param(p.name));
+      cs.launch_host([this, u, params] { net_.forward(u, load_params(u, params)); });
+    }
+    cs.launch_host([this] { loss_ = static_cast<double>(net_.loss()); });
+    const auto seed = static_cast<float>(engine_.loss_multiplier());
+    for (std::size_t u = units_.size(); u-- > 0;) {
+      Engine::GatherScope g = engine_.gather(units_[u].name);
+      Engine::GradScope gr = engine_.grads(units_[u].name);
+      std::vector<BufferView> params;
+      std::vector<BufferView> grads;
+      for (const ParamSpec& p : units_[u].params) {
+        params.push_back(g.param(p.name));
+        grads.push_back(p.trainable ? gr.grad(p.name) : BufferView{});
+      }
+      const std::string poison = r == w - 1 ? inject : std::string();
+      cs.launch_host([this, u, params, grads, seed, poison] { backward_unit(u, params, grads, seed, poison); });
+    }
+    cs.synchronize();
+    return loss_;
+  }
+
+  // One optimizer step (all micro-steps); `global_loss`: the mean loss over the global batch.
+  StepResult train_step(std::int64_t step, double* global_loss = nullptr) {
+    const auto gas = static_cast<int>(engine_.config().batch.gradient_accumulation_steps);
+    double sum = 0.0;
+    StepResult r;
+    for (int m = 0; m < gas; ++m) {
+      sum += forward_backward(step, m);
+      r = engine_.step();
+      CHECK(r.boundary == (m == gas - 1));
+    }
+    const double mean = mean_over_ranks(sum / gas);
+    if (global_loss != nullptr) *global_loss = mean;
+    return r;
+  }
+
+ private:
+  static EngineResources resources() {
+    EngineResources res;
+    res.bootstrap = env().bootstrap;
+    return res;
+  }
+
+  std::vector<const float*> load_params(std::size_t u, const std::vector<BufferView>& views) {
+    std::vector<const float*> ptrs;
+    for (std::size_t k = 0; k < views.size(); ++k) {
+      const BufferView& v = views[k];
+      if (v.dtype == DType::f32) {
+        ptrs.push_back(v.as<float>());
+        continue;
+      }
+      std::vector<float>& b = pbuf_[u][k];
+      for (std::size_t i = 0; i < v.count; ++i) b[i] = load_as_float(v.data, v.dtype, i);
+      ptrs.push_back(b.data());
+    }
+    return ptrs;
+  }
+
+  void backward_unit(std::size_t u, const std::vector<BufferView>& params, const std::vector<BufferView>& grads,
+                     float seed, const std::string& poison) {
+    const std::vector<const float*> ptrs = load_params(u, params);
+    std::vector<float*> gptrs;
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      const bool direct = grads[k].data != nullptr && grads[k].dtype == DType::f32;
+      gptrs.push_back(direct ? grads[k].as<float>() : gbuf_[u][k].data());
+    }
+    net_.backward(u, ptrs, gptrs, seed);
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      const BufferView& g = grads[k];
+      if (g.data == nullptr) continue;  // frozen: no gradient
+      if (g.dtype != DType::f32) {
+        for (std::size_t i = 0; i < g.count; ++i) store_from_float(g.data, g.dtype, i, gbuf_[u][k][i]);
+      }
+      if (!poison.empty() && units_[u].params[k].name == poison) {
+        store_from_float(g.data, g.dtype, 0, std::numeric_limits<float>::infinity());
+      }
+    }
+  }
+
+  // What the compute stream's work uses is declared before the engine, so it outlives the engine's
+  // destructor (which waits for its streams).
+  model::ModelConfig model_;
+  std::vector<UnitSpec> units_;
+  model::Network<float> net_;
+  std::vector<std::vector<std::vector<float>>> pbuf_, gbuf_;  // 16-bit params as float; grads before storing
+  double loss_ = 0.0;
+  Engine engine_;
+};
+
+struct Worst {
+  double norm = 0.0;
+  double elem = 0.0;
+  std::string norm_param;
+  std::string elem_param;
+};
+
+// Every param's master (collective, in the reference's order on every rank) against the reference.
+// `sum_lr`: the lrs of the applied steps, summed (the distance an element can travel, before lr_scale).
+Worst compare_masters(Engine& engine, const test::ReferenceTrainer& ref, const Tolerance& tol, double sum_lr) {
+  Worst w;
+  for (const std::string& name : ref.param_names()) {
+    const std::vector<float> z = engine.gather_tensor(name, TensorKind::master);
+    const double nr = test::norm_rel_error(z, ref.master(name));
+    const double atol = tol.update * sum_lr * ref.spec(name).lr_scale;
+    std::size_t at = 0;
+    const double er = test::element_bound_ratio(z, ref.master(name), atol, tol.rtol, &at);
+    INFO(fmt::format(
+        "param {}: norm-wise relative error {:.3e} (bound {:.0e}); worst element [{}] = {:.9g} vs "
+        "reference {:.9g}, at {:.3f} of its bound ({:.1e} + {:.0e} |ref|)",
+        name, nr, tol.norm, at, z.empty() ? 0.0f : z[at], z.empty() ? 0.0 : ref.master(name)[at], er, atol, tol.rtol));
+    CHECK(nr <= tol.norm);
+    CHECK(er <= 1.0);
+    if (nr > w.norm) {
+      w.norm = nr;
+      w.norm_param = name;
+    }
+    if (er > w.elem) {
+      w.elem = er;
+      w.elem_param = name;
+    }
+  }
+  return w;
+}
+
+void report(const std::string& what, const Worst& w, double loss_err, double norm_err) {
+  if (world_rank() != 0) return;
+  std::printf(
+      "[np%d] %-34s params: norm-rel %.2e (%s), element %.3f of bound (%s); loss rel %.2e; grad-norm rel %.2e\n",
+      world_size(), what.c_str(), w.norm, w.norm_param.c_str(), w.elem, w.elem_param.c_str(), loss_err, norm_err);
+  std::fflush(stdout);
+}
+
+// Trains `steps` steps on both sides, comparing each step's loss, grad norm, lr and loss scale, then every
+// param. Returns the worst per-step loss and grad-norm errors through the report.
+void run_and_compare(const std::string& what, const ConfigText& text, const model::ModelConfig& mc,
+                     std::vector<UnitSpec> units, const Tolerance& tol, int steps = kSteps) {
+  const config::Config cfg = text.parse();
+  EngineTrainer zt(cfg, mc, units);
+  test::ReferenceTrainer ref(cfg, mc, units, kDataSeed);
+  double loss_err = 0.0;
+  double norm_err = 0.0;
+  double sum_lr = 0.0;
+  for (int s = 0; s < steps; ++s) {
+    double loss = 0.0;
+    const StepResult z = zt.train_step(s, &loss);
+    const test::RefStep r = ref.step();
+    INFO(fmt::format("{}: step {}: loss {} vs {}, grad norm {} vs {}, lr {} vs {}", what, s, loss, r.loss, z.grad_norm,
+                     r.grad_norm, z.lr, r.lr));
+    CHECK(z.applied);
+    CHECK(rel(loss, r.loss) <= tol.loss);
+    CHECK(rel(z.grad_norm, r.grad_norm) <= tol.grad_norm);
+    CHECK(z.lr == Approx(r.lr).epsilon(1e-12).margin(1e-18));
+    CHECK(z.loss_scale == r.loss_scale);
+    CHECK(z.global_step == s + 1);
+    loss_err = std::max(loss_err, rel(loss, r.loss));
+    norm_err = std::max(norm_err, rel(z.grad_norm, r.grad_norm));
+    sum_lr += r.lr;
+  }
+  const Worst w = compare_masters(zt.engine(), ref, tol, sum_lr);
+  report(what, w, loss_err, norm_err);
+}
+
+}  // namespace
+
+TEST_CASE("fp32: params, loss curve and grad norms match the float64 reference", "[equivalence][fp32]") {
+  struct Case {
+    const char* name;
+    model::ModelConfig model;
+    const char* optimizer;
+  };
+  const Case cases[] = {
+      {"fp32 AdamW transformer", transformer(),
+       R"({"type": "AdamW", "params": {"lr": 2e-3, "betas": [0.9, 0.95], "weight_decay": 0.05}})"},
+      {"fp32 Adam (L2) transformer", transformer(),
+       R"({"type": "Adam", "params": {"lr": 2e-3, "weight_decay": 0.01, "adam_w_mode": false}})"},
+      {"fp32 Adagrad transformer", transformer(),
+       R"({"type": "Adagrad", "params": {"lr": 1e-2, "weight_decay": 0.01}})"},
+      // Lion's update is the sign of a momentum mix: a direction that rounding can flip moves an element by
+      // 2 lr. The MLP has no element whose gradient is zero up to rounding; see docs/testing.md.
+      {"fp32 Lion MLP", mlp(),
+       R"({"type": "Lion", "params": {"lr": 2e-4, "betas": [0.9, 0.99], "weight_decay": 0.1}})"},
+      {"fp32 AdamW MLP", mlp(), R"({"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.05}})"},
+  };
+  for (const Case& c : cases) {
+    ConfigText text;
+    text.optimizer = c.optimizer;
+    if (c.model.arch == Arch::mlp) text.zero = R"("stage3_param_persistence_threshold": 100)";
+    run_and_compare(c.name, text, c.model, model::model_units(c.model), kFp32);
+  }
+}
+
+TEST_CASE("fp32: optimizer state matches the reference", "[equivalence][fp32]") {
+  ConfigText text;
+  const config::Config cfg = text.parse();
+  const model::ModelConfig mc = transformer();
+  const auto units = model::model_units(mc);
+  EngineTrainer zt(cfg, mc, units);
+  test::ReferenceTrainer ref(cfg, mc, units, kDataSeed);
+  for (int s = 0; s < 10; ++s) {
+    zt.train_step(s);
+    ref.step();
+  }
+  double worst_m = 0.0;
+  double worst_v = 0.0;
+  for (const std::string& name : ref.param_names()) {
+    const std::vector<float> m = zt.engine().gather_tensor(name, TensorKind::exp_avg);
+    const std::vector<float> v = zt.engine().gather_tensor(name, TensorKind::exp_avg_sq);
+    INFO(name);
+    // The moments are averages of gradients (and of their squares): relative errors of the fp32 gradients,
+    // plus, for v, the fp32 rounding of 1 - beta2: 1 - float(0.999) is 1.29e-5 below 0.001, on every
+    // element alike (DeepSpeed's kernels compute it in fp32 too). Adam's update divides it out almost
+    // entirely (v enters through a square root, and bias correction uses the same beta2).
+    CHECK(test::norm_rel_error(m, ref.state1(name)) <= 1e-5);
+    CHECK(test::norm_rel_error(v, ref.state2(name)) <= 3e-5);
+    worst_m = std::max(worst_m, test::norm_rel_error(m, ref.state1(name)));
+    worst_v = std::max(worst_v, test::norm_rel_error(v, ref.state2(name)));
+  }
+  if (world_rank() == 0)
+    std::printf("[np%d] fp32 AdamW moments: m norm-rel %.2e, v norm-rel %.2e\n", world_size(), worst_m, worst_v);
+}
+
+TEST_CASE("bf16 and fp16: params and loss within the 16-bit tolerances", "[equivalence][bf16][fp16]") {
+  const model::ModelConfig mc = transformer();
+  ConfigText bf16;
+  bf16.precision = R"("bf16": {"enabled": true})";
+  run_and_compare("bf16 AdamW transformer", bf16, mc, model::model_units(mc), kBf16);
+  ConfigText fp16;
+  // A scale that keeps every scaled gradient below fp16's max: the reference cannot model natural overflows.
+  fp16.precision = R"("fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8})";
+  run_and_compare("fp16 AdamW transformer", fp16, mc, model::model_units(mc), kFp16);
+}
+
+TEST_CASE("gradient accumulation 4 x micro-batch 2 equals 1 x micro-batch 8", "[equivalence][accumulation]") {
+  const model::ModelConfig mc = transformer();
+  const auto units = model::model_units(mc);
+  ConfigText one;
+  one.train_batch = 8 * world_size();
+  ConfigText four = one;
+  four.gas = 4;
+  EngineTrainer a(one.parse(), mc, units);
+  EngineTrainer b(four.parse(), mc, units);
+  test::ReferenceTrainer ref(one.parse(), mc, units, kDataSeed);
+  double loss_err = 0.0;
+  double sum_lr = 0.0;
+  for (int s = 0; s < kSteps; ++s) {
+    double la = 0.0;
+    double lb = 0.0;
+    const StepResult ra = a.train_step(s, &la);
+    const StepResult rb = b.train_step(s, &lb);
+    const test::RefStep rr = ref.step();
+    // Not bitwise: a micro-batch of 8 sums its samples in one fp32 pass, four of 2 are summed per micro-step
+    // and accumulated in the fp32 accumulator, so the roundings differ.
+    CHECK(rel(lb, la) <= kFp32.loss);
+    CHECK(rel(rb.grad_norm, ra.grad_norm) <= kFp32.grad_norm);
+    CHECK(rel(la, rr.loss) <= kFp32.loss);
+    loss_err = std::max(loss_err, rel(lb, la));
+    sum_lr += rr.lr;
+  }
+  Worst w;
+  for (const std::string& name : ref.param_names()) {
+    const std::vector<float> pa = a.engine().gather_tensor(name, TensorKind::master);
+    const std::vector<float> pb = b.engine().gather_tensor(name, TensorKind::master);
+    const std::vector<double> pad(pa.begin(), pa.end());
+    INFO(name);
+    const double nr = test::norm_rel_error(pb, pad);
+    const double er = test::element_bound_ratio(pb, pad, kFp32.update * sum_lr, kFp32.rtol);
+    CHECK(nr <= kFp32.norm);
+    CHECK(er <= 1.0);
+    CHECK(test::norm_rel_error(pa, ref.master(name)) <= kFp32.norm);
+    if (nr > w.norm) {
+      w.norm = nr;
+      w.norm_param = name;
+    }
+    if (er > w.elem) {
+      w.elem = er;
+      w.elem_param = name;
+    }
+  }
+  report("accumulation 4x2 vs 1x8", w, loss_err, 0.0);
+}
+
+TEST_CASE("clipping: the reported grad norm and the clipped params match the reference", "[equivalence][clip]") {
+  const model::ModelConfig mc = transformer();
+  const auto units = model::model_units(mc);
+  ConfigText text;
+  text.clipping = 0.05;  // below every step's gradient norm here: clipping bites at every step
+  const config::Config cfg = text.parse();
+  EngineTrainer zt(cfg, mc, units);
+  test::ReferenceTrainer ref(cfg, mc, units, kDataSeed);
+  double norm_err = 0.0;
+  double sum_lr = 0.0;
+  for (int s = 0; s < kSteps; ++s) {
+    const StepResult z = zt.train_step(s);
+    const test::RefStep r = ref.step();
+    sum_lr += r.lr;
+    INFO(fmt::format("step {}: grad norm {} vs {}", s, z.grad_norm, r.grad_norm));
+    CHECK(r.clip_coef > 1.5);
+    CHECK(rel(z.grad_norm, r.grad_norm) <= kFp32.grad_norm);
+    norm_err = std::max(norm_err, rel(z.grad_norm, r.grad_norm));
+  }
+  report("fp32 AdamW clip 0.05", compare_masters(zt.engine(), ref, kFp32, sum_lr), 0.0, norm_err);
+}
+
+TEST_CASE("LR schedules: the lr of every step equals the DeepSpeed formula", "[equivalence][lr]") {
+  const model::ModelConfig mc = transformer();
+  struct Case {
+    const char* name;
+    const char* optimizer;
+    const char* scheduler;
+  };
+  const char* adamw = R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.05}})";
+  const Case cases[] = {
+      {"WarmupLR", adamw,
+       R"({"type": "WarmupLR", "params": {"warmup_min_lr": 1e-4, "warmup_max_lr": 3e-3, "warmup_num_steps": 8}})"},
+      {"WarmupDecayLR", adamw,
+       R"({"type": "WarmupDecayLR", "params": {"warmup_min_lr": 1e-4, "warmup_max_lr": 3e-3, "warmup_num_steps": 5,
+           "total_num_steps": 16, "warmup_type": "linear"}})"},
+      {"WarmupCosineLR", adamw,
+       R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 18, "warmup_num_steps": 4,
+           "warmup_min_ratio": 0.1, "cos_min_ratio": 0.01}})"},
+      // With Adam, OneCycle's momentum cycling (beta1, and beta2 = 0.99) reaches the optimizer too.
+      {"OneCycle", R"({"type": "Adam", "params": {"lr": 2e-3, "weight_decay": 0.01}})",
+       R"({"type": "OneCycle", "params": {"cycle_min_lr": 2e-4, "cycle_max_lr": 2e-3, "cycle_first_step_size": 5,
+           "cycle_second_step_size": 4, "cycle_first_stair_count": 2, "cycle_second_stair_count": 2,
+           "decay_step_size": 3, "decay_lr_rate": 0.2, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95,
+           "decay_mom_rate": 0.01}})"},
+      {"LRRangeTest", adamw,
+       R"({"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 1e-4, "lr_range_test_step_size": 4,
+           "lr_range_test_step_rate": 2.0, "lr_range_test_staircase": true}})"},
+  };
+  for (const Case& c : cases) {
+    ConfigText text;
+    text.optimizer = c.optimizer;
+    text.scheduler = c.scheduler;
+    // run_and_compare checks StepResult.lr of every step against reference_lr (DS_CONFIG.md §3).
+    run_and_compare(fmt::format("fp32 {}", c.name), text, mc, model::model_units(mc), kFp32);
+  }
+}
+
+TEST_CASE("fp16 overflow: the step is skipped, state stays bitwise, the loss scale follows DeepSpeed",
+          "[equivalence][fp16][overflow]") {
+  const model::ModelConfig mc = transformer();
+  const auto units = model::model_units(mc);
+  ConfigText text;
+  text.precision =
+      R"("fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 4,
+          "hysteresis": 2, "min_loss_scale": 1})";
+  text.scheduler = R"({"type": "WarmupLR", "params": {"warmup_min_lr": 1e-4, "warmup_max_lr": 2e-3,
+                      "warmup_num_steps": 10, "warmup_type": "linear"}})";
+  const config::Config cfg = text.parse();
+  EngineTrainer zt(cfg, mc, units);
+  test::ReferenceTrainer ref(cfg, mc, units, kDataSeed);
+  // Scale 256. Step 3: hysteresis 2 -> 1, scale kept; steps 5 and 6: halved to 128, then 64; after that the
+  // scale doubles every 4 clean steps (iterations 11, 15 and 19): 512 at the end.
+  const std::vector<int> overflow_steps = {3, 5, 6};
+  const std::string victim = "blocks.0.mlp.fc.weight";
+  const TensorKind kinds[] = {TensorKind::master, TensorKind::param, TensorKind::exp_avg, TensorKind::exp_avg_sq};
+  int skipped = 0;
+  double sum_lr = 0.0;
+  for (int s = 0; s < kSteps; ++s) {
+    const bool overflow = std::find(overflow_steps.begin(), overflow_steps.end(), s) != overflow_steps.end();
+    zt.forward_backward(s, 0, overflow ? victim : std::string());
+    std::vector<std::vector<float>> before;
+    if (overflow) {
+      for (const std::string& name : ref.param_names()) {
+        for (TensorKind k : kinds) before.push_back(zt.engine().gather_tensor(name, k));
+      }
+    }
+    const StepResult z = zt.engine().step();
+    const test::RefStep r = ref.step(overflow);
+    sum_lr += r.lr;
+    INFO(fmt::format("step {}: applied {} vs {}, scale {} -> {} vs {} -> {}, lr {} vs {}", s, z.applied, r.applied,
+                     z.loss_scale, z.next_loss_scale, r.loss_scale, r.next_loss_scale, z.lr, r.lr));
+    CHECK(z.boundary);
+    CHECK(z.applied == !overflow);
+    CHECK(z.loss_scale == r.loss_scale);
+    CHECK(z.next_loss_scale == r.next_loss_scale);
+    CHECK(z.lr == Approx(r.lr).epsilon(1e-12).margin(1e-18));
+    skipped += overflow ? 1 : 0;
+    CHECK(z.skipped_steps == skipped);
+    CHECK(z.global_step == s + 1);
+    if (overflow) {
+      CHECK_FALSE(std::isfinite(z.grad_norm));
+      std::size_t i = 0;
+      for (const std::string& name : ref.param_names()) {
+        for (TensorKind k : kinds) {
+          INFO(fmt::format("param {} kind {}", name, static_cast<int>(k)));
+          const std::vector<float> after = zt.engine().gather_tensor(name, k);
+          CHECK(std::memcmp(after.data(), before[i].data(), after.size() * sizeof(float)) == 0);
+          ++i;
+        }
+      }
+    }
+  }
+  CHECK(ref.loss_scale() == 512.0);
+  CHECK(zt.engine().loss_scale() == 512.0);
+  report("fp16 with 3 injected overflows", compare_masters(zt.engine(), ref, kFp16, sum_lr), 0.0, 0.0);
+}
+
+TEST_CASE("gathered params stay within max_live_parameters + the prefetch bucket", "[equivalence][memory]") {
+  const model::ModelConfig mc = transformer(4);  // four sharded blocks of 2176 elements
+  const auto units = model::model_units(mc);
+  constexpr std::uint64_t kMaxLive = 2400;
+  constexpr std::uint64_t kPrefetch = 2400;
+  ConfigText limited;
+  limited.zero = fmt::format(
+      R"("stage3_param_persistence_threshold": 200, "stage3_max_live_parameters": {}, "stage3_prefetch_bucket_size": {})",
+      kMaxLive, kPrefetch);
+  ConfigText unlimited;  // DeepSpeed's defaults: 1e9 live, 5e7 prefetched
+  EngineTrainer zt(limited.parse(), mc, units);
+  EngineTrainer free_run(unlimited.parse(), mc, units);
+  zt.engine().reset_peaks();
+  free_run.engine().reset_peaks();
+  for (int s = 0; s < 5; ++s) {
+    zt.train_step(s);
+    free_run.train_step(s);
+  }
+  const EngineStats st = zt.engine().stats();
+  const MemoryTracker::Counter gathered = zt.engine().memory().get(MemoryKind::device, MemCategory::param_gathered);
+  // Padding: each gathered unit is rounded up to world size x 64 elements.
+  const std::uint64_t slack = 2ull * static_cast<std::uint64_t>(world_size()) * 64;
+  std::uint64_t largest = 0;
+  for (const UnitSpec& u : units) {
+    std::uint64_t n = 0;
+    for (const ParamSpec& p : u.params) n += model::numel(p);
+    largest = std::max(largest, n);
+  }
+  INFO(fmt::format("gathered peak {} elements, param_gathered peak {} bytes; without a budget {} elements",
+                   st.gathered_peak_elems, gathered.peak_bytes, free_run.engine().stats().gathered_peak_elems));
+  CHECK(st.gathered_peak_elems >= largest);
+  CHECK(st.gathered_peak_elems <= kMaxLive + kPrefetch);
+  CHECK(gathered.peak_bytes >= largest * sizeof(float));
+  CHECK(gathered.peak_bytes <= (kMaxLive + kPrefetch + slack) * sizeof(float));
+  CHECK(gathered.current_bytes <= (kMaxLive + slack) * sizeof(float));
+  // Without the budget the prefetcher gathers more: the budget is what held the peak down.
+  CHECK(free_run.engine().stats().gathered_peak_elems > kMaxLive + kPrefetch);
+  // The budget changes when gathers happen, never the arithmetic: bitwise the same params.
+  bool bitwise = true;
+  for (const UnitSpec& u : units) {
+    for (const ParamSpec& p : u.params) {
+      const std::vector<float> a = zt.engine().gather_tensor(p.name, TensorKind::master);
+      const std::vector<float> b = free_run.engine().gather_tensor(p.name, TensorKind::master);
+      bitwise = bitwise && a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    }
+  }
+  CHECK(bitwise);
+  if (world_rank() == 0) {
+    std::printf(
+        "[np%d] live budget %llu + prefetch %llu: gathered peak %llu elements, %zu bytes (%llu without the "
+        "budget); params bitwise equal: %s\n",
+        world_size(), static_cast<unsigned long long>(kMaxLive), static_cast<unsigned long long>(kPrefetch),
+        static_cast<unsigned long long>(st.gathered_peak_elems), gathered.peak_bytes,
+        static_cast<unsigned long long>(free_run.engine().stats().gathered_peak_elems), bitwise ? "yes" : "no");
+  }
+}
+
+TEST_CASE("communication per step is 3 psi - 3 x persistent with max_reuse_distance 0", "[equivalence][comm]") {
+  const model::ModelConfig mc = transformer();
+  const auto units = model::model_units(mc);
+  ConfigText text;
+  text.zero = R"("stage3_param_persistence_threshold": 200, "stage3_max_reuse_distance": 0)";
+  EngineTrainer zt(text.parse(), mc, units);
+  const std::uint64_t psi = model::total_elems(units);
+  std::uint64_t persistent = 0;
+  for (const UnitSpec& u : units) {
+    std::uint64_t n = 0;
+    for (const ParamSpec& p : u.params) n += model::numel(p);
+    if (n <= 200) persistent += n;
+  }
+  for (int s = 0; s < 3; ++s) {
+    zt.train_step(s);
+    const EngineStats st = zt.engine().stats();
+    INFO(fmt::format("step {}: all-gather {}, reduce-scatter {}, all-reduce {}; psi {}, persistent {}", s,
+                     st.last_step_all_gather_elems, st.last_step_reduce_scatter_elems, st.last_step_all_reduce_elems,
+                     psi, persistent));
+    CHECK(st.total_elems == psi);
+    CHECK(st.persistent_elems == persistent);
+    // Each sharded unit: gathered for forward, gathered again for backward, its gradient reduce-scattered.
+    CHECK(st.last_step_all_gather_elems == 2 * (psi - persistent));
+    CHECK(st.last_step_reduce_scatter_elems == psi - persistent);
+    CHECK(st.last_step_all_gather_elems + st.last_step_reduce_scatter_elems == 3 * psi - 3 * persistent);
+    // Persistent units are never gathered; their gradients are all-reduced.
+    CHECK(st.last_step_all_reduce_elems == persistent);
+  }
+}
+
+TEST_CASE("frozen params stay at init; weight_decay=false and lr_scale are honoured", "[equivalence][frozen]") {
+  const model::ModelConfig mc = transformer();
+  auto units = model::model_units(mc);
+  const auto set = [&](const std::string& name, auto&& edit) {
+    for (UnitSpec& u : units) {
+      for (ParamSpec& p : u.params) {
+        if (p.name == name) edit(p);
+      }
+    }
+  };
+  set("input.weight", [](ParamSpec& p) { p.trainable = false; });              // in a persistent unit
+  set("blocks.0.attn.qkv.weight", [](ParamSpec& p) { p.trainable = false; });  // in a sharded unit
+  set("blocks.1.ln2.bias", [](ParamSpec& p) { p.trainable = false; });
+  set("blocks.0.mlp.proj.weight", [](ParamSpec& p) { p.weight_decay = false; });
+  set("blocks.1.mlp.fc.weight", [](ParamSpec& p) { p.lr_scale = 0.5; });
+  set("head.weight", [](ParamSpec& p) { p.lr_scale = 2.0; });
+  ConfigText text;
+  text.optimizer = R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.2}})";
+  const config::Config cfg = text.parse();
+  EngineTrainer zt(cfg, mc, units);
+  test::ReferenceTrainer ref(cfg, mc, units, kDataSeed);
+  double sum_lr = 0.0;
+  for (int s = 0; s < kSteps; ++s) {
+    const StepResult z = zt.train_step(s);
+    const test::RefStep r = ref.step();
+    CHECK(rel(z.grad_norm, r.grad_norm) <= kFp32.grad_norm);  // frozen params are outside the norm
+    sum_lr += r.lr;
+  }
+  for (const char* name : {"input.weight", "blocks.0.attn.qkv.weight", "blocks.1.ln2.bias"}) {
+    const std::vector<float> master = zt.engine().gather_tensor(name, TensorKind::master);
+    const std::vector<float> param = zt.engine().gather_tensor(name, TensorKind::param);
+    const std::vector<double> init = test::reference_init(ref.spec(name), 42);
+    INFO(name);
+    CHECK(ref.master(name) == init);
+    bool bitwise = master.size() == init.size();
+    for (std::size_t i = 0; bitwise && i < init.size(); ++i) {
+      bitwise = master[i] == static_cast<float>(init[i]) && param[i] == static_cast<float>(init[i]);
+    }
+    CHECK(bitwise);
+  }
+  report("fp32 frozen / no decay / lr_scale", compare_masters(zt.engine(), ref, kFp32, sum_lr), 0.0, 0.0);
+}
