@@ -13,6 +13,7 @@
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/device/device.hpp"
+#include "zero3/engine/engine.hpp"
 #include "zero3/kernels/kernels.hpp"
 
 namespace {
@@ -119,12 +120,49 @@ void check_config() {
   expect(threw, "load_config_or_throw on a missing file throws ConfigError");
 }
 
+// A one-unit model through the engine, single process: constant init 0.5, a gradient of ones, one AdamW
+// step without clipping or decay. Adam's first step moves every element by lr * 1 / (1 + eps): 0.5 -> 0.4.
+void check_engine() {
+  const char* text = R"({
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_clipping": 0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "weight_decay": 0}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "zero3": {"device": "host"}
+  })";
+  zero3::config::ParseOptions opts;
+  opts.world_size = 1;
+  opts.world_size_source = "consumer";
+  auto parsed = zero3::config::parse_config_text(text, opts);
+  expect(parsed.ok() && parsed.config.has_value(), "engine config parses");
+  if (!parsed.config) return;
+  zero3::comm::World world;  // single process
+  world.source = "consumer";
+  zero3::Engine engine(*parsed.config, world);
+  engine.add_unit({"fc", {{"fc.weight", {3, 5}, zero3::ParamInit::constant(0.5)}}});
+  engine.finalize();
+  {
+    auto g = engine.gather("fc");
+    auto gr = engine.grads("fc");
+    zero3::BufferView grad = gr.grad("fc.weight");
+    zero3::kernels::fill(engine.compute_stream(), grad, 1.0f);
+  }
+  const zero3::StepResult r = engine.step();
+  expect(r.boundary && r.applied, "engine step applied");
+  const std::vector<float> w = engine.gather_tensor("fc.weight", zero3::TensorKind::master);
+  expect(w.size() == 15, "gather_tensor returns all 15 elements");
+  const double want = 0.5 - 0.1 / (1.0 + 1e-8);
+  for (float v : w)
+    expect(std::abs(v - want) < 1e-6, "AdamW first step moves 0.5 to 0.4 (got " + std::to_string(v) + ")");
+}
+
 }  // namespace
 
 int main() {
   try {
     check_kernels();
     check_config();
+    check_engine();
   } catch (const std::exception& e) {
     expect(false, std::string("exception: ") + e.what());
   }
