@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "gpu_rig.hpp"
+#include "kernel_test_util.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/kernels/kernels.hpp"
@@ -21,6 +23,12 @@ using zero3::DType;
 using zero3::MemCategory;
 using zero3::MemoryKind;
 namespace kernels = zero3::kernels;
+using zero3::test::fill_random;
+using zero3::test::poison;
+using zero3::test::random_float;
+using zero3::test::test_seed;
+using zero3::test::value_at;
+using Rig = zero3::test::GpuRig;
 
 constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16};
 
@@ -28,77 +36,9 @@ constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16};
 // once to fp32: the results are equal or one fp32 ulp apart. Two ulps (relative 2^-22) leave a margin.
 constexpr double kSumSquaresRelTol = 0x1p-22;
 
-std::uint64_t test_seed() {
-  const std::uint64_t s = Catch::rngSeed();
-  return s != 0 ? s : std::random_device{}();
-}
-
 std::size_t size_case() {
   return GENERATE(as<std::size_t>{}, 0, 1, 7, 1023, 4097, 100003, 4194307);
 }
-
-float random_float(std::mt19937_64& rng, int lo_exp, int hi_exp) {
-  std::uniform_int_distribution<int> exp_dist(lo_exp, hi_exp - 1);
-  const float m = 1.0f + static_cast<float>(rng() & 0x7fffffu) * 0x1p-23f;
-  const float v = std::ldexp(m, exp_dist(rng));
-  return (rng() & 1u) ? -v : v;
-}
-
-double value_at(const void* data, DType t, std::size_t i) {
-  return zero3::load_as_float(data, t, i);
-}
-
-// Random values that are finite and non-zero once stored in b's dtype.
-void fill_random(Buffer& b, std::mt19937_64& rng, int lo_exp, int hi_exp) {
-  for (std::size_t i = 0; i < b.count(); ++i) {
-    for (;;) {
-      zero3::store_from_float(b.data(), b.dtype(), i, random_float(rng, lo_exp, hi_exp));
-      const double v = value_at(b.data(), b.dtype(), i);
-      if (v != 0.0 && std::isfinite(v)) break;
-    }
-  }
-}
-
-void poison(Buffer& b) {
-  if (!b.empty()) std::memset(b.data(), 0xff, b.size_bytes());  // NaN in every dtype
-}
-
-// A host device (the reference) and CUDA device 0, with a stream each and pinned staging between.
-struct Rig {
-  std::unique_ptr<zero3::Device> host = zero3::make_host_device();
-  std::unique_ptr<zero3::Stream> host_stream = host->create_stream("reference");
-  std::unique_ptr<zero3::Device> gpu = zero3::make_cuda_device(0);
-  std::unique_ptr<zero3::Stream> gpu_stream = gpu->create_stream("kernels-test");
-
-  Buffer host_buffer(std::size_t n, DType t) {
-    return host->allocate(n, t, MemoryKind::device, MemCategory::workspace);
-  }
-
-  // A device copy of a host-device buffer (same dtype and count).
-  Buffer upload(const Buffer& h) {
-    Buffer d = gpu->allocate(h.count(), h.dtype(), MemoryKind::device, MemCategory::workspace);
-    if (h.count() == 0) return d;
-    Buffer staging = gpu->allocate(h.count(), h.dtype(), MemoryKind::pinned_host, MemCategory::staging);
-    std::memcpy(staging.data(), h.data(), h.size_bytes());
-    gpu->copy_async(d.view(), staging.cview(), *gpu_stream);
-    gpu_stream->synchronize();
-    return d;
-  }
-
-  // The bytes of a device buffer, after everything enqueued on the GPU stream so far.
-  std::vector<unsigned char> download(const Buffer& d) {
-    std::vector<unsigned char> bytes(d.size_bytes());
-    if (d.count() == 0) {
-      gpu_stream->synchronize();
-      return bytes;
-    }
-    Buffer staging = gpu->allocate(d.count(), d.dtype(), MemoryKind::pinned_host, MemCategory::staging);
-    gpu->copy_async(staging.view(), d.cview(), *gpu_stream);
-    gpu_stream->synchronize();
-    std::memcpy(bytes.data(), staging.data(), bytes.size());
-    return bytes;
-  }
-};
 
 // Element-wise equality of a device result with the host one: bitwise, except that a NaN only has to
 // be a NaN (GPU arithmetic makes canonical NaNs, x86 propagates the input's).

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "kernel_test_util.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/kernels/kernels.hpp"
@@ -24,6 +25,11 @@ using zero3::DType;
 using zero3::MemCategory;
 using zero3::MemoryKind;
 namespace kernels = zero3::kernels;
+using zero3::test::fill_random;
+using zero3::test::poison;
+using zero3::test::random_float;
+using zero3::test::test_seed;
+using zero3::test::value_at;
 
 constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16};
 
@@ -31,11 +37,6 @@ constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16};
 // error beyond the final rounding to fp32 is ~n * 2^-53 relative, far below half an fp32 ulp. One fp32
 // ulp (relative 2^-23) therefore always suffices.
 constexpr double kSumSquaresRelTol = 0x1p-23;
-
-std::uint64_t test_seed() {
-  const std::uint64_t s = Catch::rngSeed();
-  return s != 0 ? s : std::random_device{}();
-}
 
 // Round to nearest even of a double to `t`, computed independently of dtype.hpp: the quantum of the
 // value's binade (or of the subnormal range), nearbyint under the default ties-to-even mode, and IEEE
@@ -57,34 +58,6 @@ double round_ref(double v, DType t) {
 bool same_value(double got, double want) {
   if (std::isnan(want)) return std::isnan(got);
   return got == want && std::signbit(got) == std::signbit(want);
-}
-
-double value_at(const Buffer& b, std::size_t i) {
-  return zero3::load_as_float(b.data(), b.dtype(), i);
-}
-
-// A random non-zero float: log-uniform over [2^lo_exp, 2^hi_exp) with a random sign and mantissa.
-float random_float(std::mt19937_64& rng, int lo_exp, int hi_exp) {
-  std::uniform_int_distribution<int> exp_dist(lo_exp, hi_exp - 1);
-  const float m = 1.0f + static_cast<float>(rng() & 0x7fffffu) * 0x1p-23f;
-  const float v = std::ldexp(m, exp_dist(rng));
-  return (rng() & 1u) ? -v : v;
-}
-
-// Fills `b` with random values that are finite and non-zero in b's dtype (stored values, already rounded).
-void fill_random(Buffer& b, std::mt19937_64& rng, int lo_exp, int hi_exp) {
-  for (std::size_t i = 0; i < b.count(); ++i) {
-    for (;;) {
-      zero3::store_from_float(b.data(), b.dtype(), i, random_float(rng, lo_exp, hi_exp));
-      const double v = value_at(b, i);
-      if (v != 0.0 && std::isfinite(v)) break;
-    }
-  }
-}
-
-// All-ones bytes are a NaN in fp32, fp16 and bf16: an element a kernel forgot stays NaN and fails.
-void poison(Buffer& b) {
-  if (!b.empty()) std::memset(b.data(), 0xff, b.size_bytes());
 }
 
 struct HostEnv {

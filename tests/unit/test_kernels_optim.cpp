@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "kernel_test_util.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/kernels/kernels.hpp"
@@ -29,6 +30,11 @@ using zero3::DType;
 using zero3::MemCategory;
 using zero3::MemoryKind;
 namespace kernels = zero3::kernels;
+using zero3::test::fill_random;
+using zero3::test::poison;
+using zero3::test::random_float;
+using zero3::test::test_seed;
+using zero3::test::value_at;
 
 // fp32 unit roundoff: one correctly rounded fp32 operation has relative error at most kU. Every bound
 // below is (number of roundings, counted along the formula) * kU * (a magnitude: the same formula with
@@ -36,39 +42,6 @@ namespace kernels = zero3::kernels;
 constexpr double kU = 0x1p-24;
 
 constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16};
-
-std::uint64_t test_seed() {
-  const std::uint64_t s = Catch::rngSeed();
-  return s != 0 ? s : std::random_device{}();
-}
-
-// A random non-zero float: log-uniform magnitude in [2^lo_exp, 2^hi_exp), random mantissa and sign.
-float random_float(std::mt19937_64& rng, int lo_exp, int hi_exp, bool positive = false) {
-  std::uniform_int_distribution<int> exp_dist(lo_exp, hi_exp - 1);
-  const float m = 1.0f + static_cast<float>(rng() & 0x7fffffu) * 0x1p-23f;
-  const float v = std::ldexp(m, exp_dist(rng));
-  return (!positive && (rng() & 1u)) ? -v : v;
-}
-
-double value_at(const Buffer& b, std::size_t i) {
-  return zero3::load_as_float(b.data(), b.dtype(), i);
-}
-
-// Random values, non-zero and finite in b's dtype (already rounded to it).
-void fill_random(Buffer& b, std::mt19937_64& rng, int lo_exp, int hi_exp, bool positive = false) {
-  for (std::size_t i = 0; i < b.count(); ++i) {
-    for (;;) {
-      zero3::store_from_float(b.data(), b.dtype(), i, random_float(rng, lo_exp, hi_exp, positive));
-      const double v = value_at(b, i);
-      if (v != 0.0 && std::isfinite(v)) break;
-    }
-  }
-}
-
-// All-ones bytes are NaN in every dtype: an element the kernel forgot stays NaN and fails.
-void poison(Buffer& b) {
-  if (!b.empty()) std::memset(b.data(), 0xff, b.size_bytes());
-}
 
 std::vector<float> snapshot(const Buffer& b) {
   std::vector<float> out(b.count());
