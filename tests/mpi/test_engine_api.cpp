@@ -1,4 +1,5 @@
-// Mechanics of the ZeRO-3 engine at any world size, on the host device with the MPI communicator: init
+// Mechanics of the ZeRO-3 engine at any world size, on the device ZERO3_TEST_DEVICE names (host by default;
+// tests/support/device_staging.hpp) with the MPI communicator (host) or NCCL (cuda): init
 // from the counter RNG (identical for every world size), API misuse errors, gather/release and prefetch
 // against the live budget, trace rebuilds, communication volume, gradient accumulation and reduction,
 // fp16 overflow skips and the first optimizer step. (The model-level float64 equivalence is
@@ -20,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "device_staging.hpp"
 #include "mpi_test_env.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/dtype.hpp"
@@ -72,8 +74,8 @@ struct ConfigText {
   std::string json() const {
     std::string s = fmt::format(
         R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {}, "gradient_clipping": {},
-             "zero_optimization": {{"stage": {}{}{}}}, "zero3": {{"device": "host", "seed": {}}})",
-        gas, clipping, stage, zero.empty() ? "" : ", ", zero, session_seed());
+             "zero_optimization": {{"stage": {}{}{}}}, "zero3": {{"device": "{}", "seed": {}}})",
+        gas, clipping, stage, zero.empty() ? "" : ", ", zero, test::test_device_name(), session_seed());
     if (with_optimizer) s += fmt::format(R"(, "optimizer": {})", optimizer);
     if (!top.empty()) s += ", " + top;
     return s + "}";
@@ -95,7 +97,11 @@ config::Config make_config(const ConfigText& text) {
 
 std::unique_ptr<Engine> make_engine(const ConfigText& text) {
   EngineResources resources;
-  resources.device = std::shared_ptr<Device>(make_host_device());
+  if (test::test_device_kind() == DeviceKind::cuda) {
+    resources.device = std::shared_ptr<Device>(make_cuda_device(env().world.local_rank % cuda_device_count()));
+  } else {
+    resources.device = std::shared_ptr<Device>(make_host_device());
+  }
   resources.bootstrap = env().bootstrap;
   return std::make_unique<Engine>(make_config(text), env().world, std::move(resources));
 }
@@ -144,22 +150,16 @@ float expected_init(const ParamSpec& p, std::uint64_t seed, std::uint64_t index)
   return 0.0f;
 }
 
-// ---- device data through the compute stream (the engine's buffers are written and read in stream order)
+// ---- device data through staging copies on the compute stream (the engine's buffers are written and read
+// in stream order; the same path on the host device and on CUDA)
 
-void write(Engine& e, BufferView v, std::vector<float> values) {
+void write(Engine& e, BufferView v, const std::vector<float>& values) {
   REQUIRE(values.size() == v.count);
-  e.compute_stream().launch_host([v, values = std::move(values)] {
-    for (std::size_t i = 0; i < values.size(); ++i) store_from_float(v.data, v.dtype, i, values[i]);
-  });
+  test::upload_floats(e.device(), e.compute_stream(), v, values);
 }
 
 std::vector<float> read(Engine& e, BufferView v) {
-  std::vector<float> out(v.count);
-  e.compute_stream().launch_host([v, &out] {
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_float(v.data, v.dtype, i);
-  });
-  e.compute_stream().synchronize();
-  return out;
+  return test::download_floats(e.device(), e.compute_stream(), v);
 }
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
@@ -306,7 +306,7 @@ TEST_CASE("config checks name the key", "[engine][errors]") {
   Engine own(make_config(ConfigText{}), env().world);
   declare(own, {flat_unit("solo", 100)});
   CHECK(own.communicator().size() == world_size());
-  CHECK(own.device().kind() == DeviceKind::host);
+  CHECK(own.device().kind() == test::test_device_kind());
   CHECK(own.gather_tensor("solo.w", TensorKind::param).size() == 100);
 }
 
@@ -584,7 +584,7 @@ TEST_CASE("fp16 overflow skips the step and leaves every state untouched", "[eng
       const ParamSpec p = e->unit_params(*it)[0];
       std::vector<float> v = grad_values(p, rank(), micro);
       if (*it == "s" && rank() == world_size() - 1) v[5] = std::numeric_limits<float>::infinity();
-      write(*e, gr.grad(p.name), std::move(v));
+      write(*e, gr.grad(p.name), v);
     }
   };
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench_model.hpp"
+#include "device_staging.hpp"
 #include "mpi_test_env.hpp"
 #include "reference.hpp"
 #include "zero3/config/parse.hpp"
@@ -126,10 +127,10 @@ struct ConfigText {
     std::string text = fmt::format(
         R"({{"train_batch_size": {}, "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
             "gradient_clipping": {}, "optimizer": {}, {} {}
-            "zero_optimization": {{"stage": 3, {}}}, "zero3": {{"seed": 42, "device": "host"}}}})",
+            "zero_optimization": {{"stage": 3, {}}}, "zero3": {{"seed": 42, "device": "{}"}}}})",
         train_batch, train_batch / (w * gas), gas, clipping, optimizer,
         scheduler.empty() ? "" : fmt::format(R"("scheduler": {},)", scheduler),
-        precision.empty() ? "" : precision + ",", zero);
+        precision.empty() ? "" : precision + ",", zero, test::test_device_name());
     config::ParseOptions options;
     options.world_size = w;
     options.world_size_source = "test";
@@ -144,9 +145,11 @@ struct ConfigText {
   }
 };
 
-// The zero3 side: the float model driven through the engine. All model work is enqueued on the engine's
-// compute stream (launch_host), as a device trainer would enqueue kernels, so the engine's event ordering
-// is what makes it correct.
+// The zero3 side: the float model driven through the engine, computed on the host over the engine's device
+// buffers through explicit staging (tests/support/device_staging.hpp): each gathered param is copied to the
+// host on the compute stream (after the gather the stream waits for), and each gradient is copied back into
+// the engine's buffer on the compute stream before its GradScope closes. The same path runs on the host
+// device and on CUDA.
 class EngineTrainer {
  public:
   EngineTrainer(const config::Config& config, const model::ModelConfig& model, std::vector<UnitSpec> units)
@@ -171,32 +174,23 @@ class EngineTrainer {
     const int w = world_size();
     const int r = world_rank();
     const auto mb = static_cast<int>(engine_.config().batch.train_micro_batch_size_per_gpu);
-    auto batch = std::make_shared<const model::Batch<float>>(
-        model::make_batch<float>(model_, kDataSeed, step, model::micro_batch_ids(r, w, micro, mb)));
-    Stream& cs = engine_.compute_stream();
-    cs.launch_host([this, batch] { net_.set_batch(*batch); });
+    const model::Batch<float> batch =
+        model::make_batch<float>(model_, kDataSeed, step, model::micro_batch_ids(r, w, micro, mb));
+    net_.set_batch(batch);
     for (std::size_t u = 0; u < units_.size(); ++u) {
       Engine::GatherScope g = engine_.gather(units_[u].name);
-      std::vector<BufferView> params;
-      for (const ParamSpec& p : units_[u].params) params.push_back(g.param(p.name));
-      cs.launch_host([this, u, params] { net_.forward(u, load_params(u, params)); });
+      net_.forward(u, load_params(u, g));
     }
-    cs.launch_host([this] { loss_ = static_cast<double>(net_.loss()); });
+    const auto loss = static_cast<double>(net_.loss());
     const auto seed = static_cast<float>(engine_.loss_multiplier());
     for (std::size_t u = units_.size(); u-- > 0;) {
       Engine::GatherScope g = engine_.gather(units_[u].name);
       Engine::GradScope gr = engine_.grads(units_[u].name);
-      std::vector<BufferView> params;
-      std::vector<BufferView> grads;
-      for (const ParamSpec& p : units_[u].params) {
-        params.push_back(g.param(p.name));
-        grads.push_back(p.trainable ? gr.grad(p.name) : BufferView{});
-      }
       const std::string poison = r == w - 1 ? inject : std::string();
-      cs.launch_host([this, u, params, grads, seed, poison] { backward_unit(u, params, grads, seed, poison); });
+      backward_unit(u, g, gr, seed, poison);
     }
-    cs.synchronize();
-    return loss_;
+    engine_.compute_stream().synchronize();
+    return loss;
   }
 
   // One optimizer step (all micro-steps); `global_loss`: the mean loss over the global batch.
@@ -221,49 +215,42 @@ class EngineTrainer {
     return res;
   }
 
-  std::vector<const float*> load_params(std::size_t u, const std::vector<BufferView>& views) {
+  // The unit's params, staged to the host as floats (into pbuf_).
+  std::vector<const float*> load_params(std::size_t u, const Engine::GatherScope& g) {
     std::vector<const float*> ptrs;
-    for (std::size_t k = 0; k < views.size(); ++k) {
-      const BufferView& v = views[k];
-      if (v.dtype == DType::f32) {
-        ptrs.push_back(v.as<float>());
-        continue;
-      }
-      std::vector<float>& b = pbuf_[u][k];
-      for (std::size_t i = 0; i < v.count; ++i) b[i] = load_as_float(v.data, v.dtype, i);
-      ptrs.push_back(b.data());
+    for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
+      pbuf_[u][k] =
+          test::download_floats(engine_.device(), engine_.compute_stream(), g.param(units_[u].params[k].name));
+      ptrs.push_back(pbuf_[u][k].data());
     }
     return ptrs;
   }
 
-  void backward_unit(std::size_t u, const std::vector<BufferView>& params, const std::vector<BufferView>& grads,
-                     float seed, const std::string& poison) {
-    const std::vector<const float*> ptrs = load_params(u, params);
+  // Backward of unit `u` on the host into gbuf_ (zero-filled first, as the engine's grad buffers are), then
+  // each trainable param's gradient staged into the engine's grad buffer.
+  void backward_unit(std::size_t u, const Engine::GatherScope& g, const Engine::GradScope& gr, float seed,
+                     const std::string& poison) {
+    const std::vector<const float*> ptrs = load_params(u, g);
     std::vector<float*> gptrs;
-    for (std::size_t k = 0; k < grads.size(); ++k) {
-      const bool direct = grads[k].data != nullptr && grads[k].dtype == DType::f32;
-      gptrs.push_back(direct ? grads[k].as<float>() : gbuf_[u][k].data());
+    for (std::vector<float>& b : gbuf_[u]) {
+      std::fill(b.begin(), b.end(), 0.0f);
+      gptrs.push_back(b.data());
     }
     net_.backward(u, ptrs, gptrs, seed);
-    for (std::size_t k = 0; k < grads.size(); ++k) {
-      const BufferView& g = grads[k];
-      if (g.data == nullptr) continue;  // frozen: no gradient
-      if (g.dtype != DType::f32) {
-        for (std::size_t i = 0; i < g.count; ++i) store_from_float(g.data, g.dtype, i, gbuf_[u][k][i]);
-      }
-      if (!poison.empty() && units_[u].params[k].name == poison) {
-        store_from_float(g.data, g.dtype, 0, std::numeric_limits<float>::infinity());
-      }
+    for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
+      const ParamSpec& p = units_[u].params[k];
+      if (!p.trainable) continue;  // frozen: no gradient
+      std::vector<float>& b = gbuf_[u][k];
+      if (!poison.empty() && p.name == poison && !b.empty()) b[0] = std::numeric_limits<float>::infinity();
+      test::upload_floats(engine_.device(), engine_.compute_stream(), gr.grad(p.name), b);
     }
   }
 
-  // What the compute stream's work uses is declared before the engine, so it outlives the engine's
-  // destructor (which waits for its streams).
+  // Declared before the engine, so it outlives the engine's destructor (which waits for its streams).
   model::ModelConfig model_;
   std::vector<UnitSpec> units_;
   model::Network<float> net_;
-  std::vector<std::vector<std::vector<float>>> pbuf_, gbuf_;  // 16-bit params as float; grads before storing
-  double loss_ = 0.0;
+  std::vector<std::vector<std::vector<float>>> pbuf_, gbuf_;  // params staged as float; grads before storing
   Engine engine_;
 };
 

@@ -1,13 +1,15 @@
 // Entry point of MPI-launched test programs (ctest runs `mpirun -np N test_x`): initializes MPI through
 // zero3's bootstrap, runs the Catch session on every rank, and returns non-zero when any test failed on
 // ANY rank, so mpirun's exit status is meaningful. Everything that holds MPI is destroyed before the
-// bootstrap, whose release finalizes MPI.
+// bootstrap, whose release finalizes MPI. When ZERO3_TEST_DEVICE asks for a CUDA device and none is usable,
+// the program exits 77 (ctest's skip code for the gpu-labelled entries) before starting MPI.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 
+#include "device_staging.hpp"
 #include "mpi_test_env.hpp"
 #include "zero3/core/log.hpp"
 
@@ -23,6 +25,16 @@ MpiTestEnv& mpi_env() {
 
 int main(int argc, char** argv) {
   using namespace zero3;
+  try {
+    if (test::test_device_unavailable()) {
+      std::printf("SKIPPED: ZERO3_TEST_DEVICE=cuda, but %s\n",
+                  built_with_cuda() ? "no CUDA device is usable" : "zero3 was built without CUDA");
+      return 77;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
   test::MpiTestEnv env;
   try {
     env.world = comm::World::from_environment();
