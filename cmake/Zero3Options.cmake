@@ -1,8 +1,18 @@
 # Warning and sanitizer flags for project targets only (third-party headers are SYSTEM includes).
+# ZERO3_WERROR stays ON in CI; tools/gpu-check.sh turns it off so that a newer compiler's new warnings
+# cannot block the one validation run on a GPU machine.
+option(ZERO3_WERROR "Treat warnings in zero3's own code as errors" ON)
 add_library(zero3_warnings INTERFACE)
-target_compile_options(zero3_warnings INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-error=deprecated-declarations>
-  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Werror --Werror=all-warnings>)
+if(ZERO3_WERROR)
+  # GCC 12-13 report -Wrestrict inside std::string's operator+ at -O3 (GCC bug 105329): not our code.
+  target_compile_options(zero3_warnings INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-error=deprecated-declarations>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-error=restrict>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Werror --Werror=all-warnings>)
+else()
+  target_compile_options(zero3_warnings INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra> $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+endif()
 
 add_library(zero3_sanitizers INTERFACE)
 if(ZERO3_SANITIZE)
