@@ -2,10 +2,13 @@
 // the tests that compare CUDA kernels with the host ones.
 #pragma once
 
+#include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "zero3/core/dtype.hpp"
 #include "zero3/device/device.hpp"
 
 namespace zero3::test {
@@ -49,5 +52,25 @@ struct GpuRig {
     return bytes;
   }
 };
+
+// Element-wise equality of a device result with the host one: bitwise, except that a NaN only has to
+// be a NaN (GPU arithmetic makes canonical NaNs, x86 propagates the input's).
+inline void check_same(const std::vector<unsigned char>& dev, const Buffer& ref) {
+  REQUIRE(dev.size() == ref.size_bytes());
+  const std::size_t w = size_of(ref.dtype());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < ref.count(); ++i) {
+    const double want = load_as_float(ref.data(), ref.dtype(), i);
+    const double got = load_as_float(dev.data(), ref.dtype(), i);
+    const bool ok = std::isnan(want)
+                        ? std::isnan(got)
+                        : std::memcmp(dev.data() + i * w, static_cast<const char*>(ref.data()) + i * w, w) == 0;
+    if (!ok && ++bad <= 5) {
+      INFO("element " << i << ": device " << got << ", host " << want);
+      CHECK(false);
+    }
+  }
+  CHECK(bad == 0);
+}
 
 }  // namespace zero3::test

@@ -29,6 +29,7 @@ using zero3::test::random_float;
 using zero3::test::test_seed;
 using zero3::test::value_at;
 using Rig = zero3::test::GpuRig;
+using zero3::test::check_same;
 
 constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16};
 
@@ -38,26 +39,6 @@ constexpr double kSumSquaresRelTol = 0x1p-22;
 
 std::size_t size_case() {
   return GENERATE(as<std::size_t>{}, 0, 1, 7, 1023, 4097, 100003, 4194307);
-}
-
-// Element-wise equality of a device result with the host one: bitwise, except that a NaN only has to
-// be a NaN (GPU arithmetic makes canonical NaNs, x86 propagates the input's).
-void check_same(const std::vector<unsigned char>& dev, const Buffer& ref) {
-  REQUIRE(dev.size() == ref.size_bytes());
-  const std::size_t w = zero3::size_of(ref.dtype());
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < ref.count(); ++i) {
-    const double want = value_at(ref.data(), ref.dtype(), i);
-    const double got = value_at(dev.data(), ref.dtype(), i);
-    const bool ok = std::isnan(want)
-                        ? std::isnan(got)
-                        : std::memcmp(dev.data() + i * w, static_cast<const char*>(ref.data()) + i * w, w) == 0;
-    if (!ok && ++bad <= 5) {
-      INFO("element " << i << ": device " << got << ", host " << want);
-      CHECK(false);
-    }
-  }
-  CHECK(bad == 0);
 }
 
 float download_scalar(Rig& rig, const Buffer& d) {

@@ -35,24 +35,10 @@ using Rig = zero3::test::GpuRig;
 
 constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16};
 
-// Bitwise equality of a device result with the host one, except that a NaN only has to be a NaN.
+// check_same with the name of the compared output in the failure report.
 void check_same(const char* what, const std::vector<unsigned char>& dev, const Buffer& ref) {
   INFO(what);
-  REQUIRE(dev.size() == ref.size_bytes());
-  const std::size_t w = zero3::size_of(ref.dtype());
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < ref.count(); ++i) {
-    const double want = value_at(ref.data(), ref.dtype(), i);
-    const double got = value_at(dev.data(), ref.dtype(), i);
-    const bool ok = std::isnan(want)
-                        ? std::isnan(got)
-                        : std::memcmp(dev.data() + i * w, static_cast<const char*>(ref.data()) + i * w, w) == 0;
-    if (!ok && ++bad <= 5) {
-      INFO("element " << i << ": device " << got << ", host " << want);
-      CHECK(false);
-    }
-  }
-  CHECK(bad == 0);
+  zero3::test::check_same(dev, ref);
 }
 
 // One optimizer's buffers on one side: master, two fp32 state slots (Lion and Adagrad use one), grad
