@@ -208,6 +208,7 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   }
   description_ = fmt::format("cuda:{} {} (sm_{}{}, {} bytes, PCI bus {:02x})", ordinal_, prop.name, prop.major,
                              prop.minor, prop.totalGlobalMem, prop.pciBusID);
+  pci_bus_id_ = fmt::format("{:04x}:{:02x}:{:02x}.0", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
 
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;

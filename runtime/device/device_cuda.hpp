@@ -73,6 +73,7 @@ class CudaDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::cuda; }
   std::string description() const override { return description_; }
+  std::optional<std::string> pci_bus_id() const override { return pci_bus_id_; }
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void copy_async(BufferView dst, ConstBufferView src, Stream& stream) override;
@@ -95,6 +96,7 @@ class CudaDevice final : public Device {
   int ordinal_;
   std::size_t total_bytes_ = 0;  // the GPU's memory: a larger request fails without asking the driver
   std::string description_;
+  std::string pci_bus_id_;
   cudaMemPool_t pool_ = nullptr;
   // Where device memory is allocated and freed (stream-ordered), and nothing else runs; see do_free.
   cudaStream_t alloc_stream_ = nullptr;

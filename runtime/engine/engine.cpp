@@ -8,9 +8,11 @@
 
 #include "engine_impl.hpp"
 #include "init.hpp"
+#include "offload_optimizer.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/kernels/kernels.hpp"
+#include "zero3/offload/pinned_budget.hpp"
 
 namespace zero3 {
 
@@ -47,11 +49,9 @@ void check_config(const config::Config& config, const comm::World& world) {
         "without an optimizer is not implemented");
   }
   const auto offload = [](std::string_view key, OffloadDevice d) {
-    if (d == OffloadDevice::none) return;
+    if (d != OffloadDevice::nvme) return;
     throw ConfigError(fmt::format(
-        "zero_optimization.{}.device: \"{}\" is not implemented yet (CPU offload lands with the offload module); "
-        "use \"none\"",
-        key, config::to_string(d)));
+        "zero_optimization.{}.device: \"nvme\" is not implemented (NVMe offload); use \"cpu\" or \"none\"", key));
   };
   offload("offload_optimizer", config.zero.offload_optimizer.device);
   offload("offload_param", config.zero.offload_param.device);
@@ -215,16 +215,47 @@ void Engine::Impl::close_scope(std::uint64_t token) {
 void Engine::Impl::finalize() {
   check_call("finalize", false);
   engine::Layout built = engine::build_layout(specs, world.size, world.rank, config.zero);
-  Buffer shards = device->allocate(built.param_shard_count, dtype, MemoryKind::device, MemCategory::param_shard);
-  Buffer acc = device->allocate(built.state_count, DType::f32, MemoryKind::device, MemCategory::grad_shard);
+  const config::ZeroConfig& zero = config.zero;
+  const bool offload_params = zero.offload_param.device == OffloadDevice::cpu;
+  const bool offload_optimizer = zero.offload_optimizer.device == OffloadDevice::cpu;
+  if (offload_params || offload_optimizer) {
+    // Everything offload will take from host memory is checked against the budget before any of it (or
+    // anything else) is allocated.
+    const engine::HostFootprint need =
+        engine::offload_footprint(config, built, dtype, comm_dtype, /*params_on_device=*/!offload_params);
+    offload::PinnedRequest request;
+    request.pinned_bytes = need.pinned_bytes;
+    request.pageable_bytes = need.pageable_bytes;
+    request.ranks_on_node = world.local_size;
+    request.pinning_uses_mlock = device->kind() == DeviceKind::host;
+    request.budget_gb = config.zero3.pinned_memory_budget_gb;
+    const offload::PinnedBudget budget = offload::check_pinned_budget(request, offload::read_host_memory_facts());
+    offload_host = std::make_unique<engine::OffloadHost>(*device, world);
+    if (world.local_rank == 0) {
+      log::info(
+          "CPU offload: {} bytes pinned + {} bytes pageable host memory per rank (pinned budget {} bytes: {}); {}",
+          need.pinned_bytes, need.pageable_bytes, budget.budget_bytes, budget.source, offload_host->describe());
+    }
+  }
+  Buffer shards;
+  if (offload_params) {
+    shards = offload_host->allocate(*device, built.param_shard_count, dtype, zero.offload_param.pin_memory,
+                                    MemCategory::param_shard);
+  } else {
+    shards = device->allocate(built.param_shard_count, dtype, MemoryKind::device, MemCategory::param_shard);
+  }
   std::unique_ptr<engine::ShardOptimizer> optimizer;
   std::vector<std::uint64_t> value_hashes;
   try {
-    if (!acc.empty()) kernels::fill(*comm_stream, acc.view(), 0.0f);
-    optimizer = engine::make_device_optimizer(*config.optimizer, *device, *comm_stream, built.state_count,
-                                              engine::state_segments(built));
+    if (offload_optimizer) {
+      optimizer = engine::make_offload_optimizer(config, built, *device, *comm_stream, *offload_host, dtype, comm_dtype,
+                                                 /*params_on_device=*/!offload_params);
+    } else {
+      optimizer = engine::make_device_optimizer(*config.optimizer, *device, *comm_stream, built.state_count,
+                                                built.sharded_state_count, engine::state_segments(built));
+    }
     engine::initialize_shards(built, static_cast<std::uint64_t>(config.zero3.seed), *device, *comm_stream,
-                              optimizer->master(), shards.view(), value_hashes);
+                              optimizer->pieces(TensorKind::master), shards.view(), value_hashes);
   } catch (...) {
     try {
       comm_stream->synchronize();  // nothing queued may outlive the buffers unwinding here
@@ -236,16 +267,15 @@ void Engine::Impl::finalize() {
 
   layout.emplace(std::move(built));
   param_shards = std::move(shards);
-  accumulators = std::move(acc);
+  optimizer->set_final_micro_step(config.batch.gradient_accumulation_steps == 1);
   const engine::OptimizerStep::Context step_context{*layout, config, *device, *communicator, *comm_stream, *events};
-  optimizer_step = std::make_unique<engine::OptimizerStep>(step_context, std::move(optimizer), accumulators.view(),
-                                                           param_shards.view());
+  optimizer_step = std::make_unique<engine::OptimizerStep>(step_context, std::move(optimizer), param_shards.view());
   const engine::GatherCoordinator::Context gather_context{*layout,      config.zero, *device, *communicator, *compute,
                                                           *comm_stream, *events,     dtype,   stats};
   coordinator = std::make_unique<engine::GatherCoordinator>(gather_context, param_shards.view());
   const engine::GradReducer::Context reduce_context{*layout,      config,  *device, *communicator, *compute,
                                                     *comm_stream, *events, dtype,   comm_dtype,    stats};
-  reducer = std::make_unique<engine::GradReducer>(reduce_context, accumulators.view());
+  reducer = std::make_unique<engine::GradReducer>(reduce_context, optimizer_step->optimizer());
   stats.total_elems = layout->total_elems;
   stats.persistent_elems = layout->persistent_elems;
   specs.clear();
@@ -255,9 +285,14 @@ void Engine::Impl::finalize() {
                                                 [](const engine::UnitLayout& u) { return u.persistent; });
     log::info(
         "zero3 engine: {} units ({} persistent), {} params, {} elements ({} persistent) on {} ranks; compute {}, "
-        "reduce {}, master and accumulators fp32; {} device, {} communicator",
+        "reduce {}, master and accumulators fp32 ({}); params {}; {} device, {} communicator",
         layout->units.size(), persistent_units, layout->params.size(), layout->total_elems, layout->persistent_elems,
-        world.size, dtype_name(dtype), dtype_name(comm_dtype), device_kind_name(device->kind()),
+        world.size, dtype_name(dtype), dtype_name(comm_dtype),
+        offload_optimizer
+            ? fmt::format("CPU offload of {} of {} elements",
+                          layout->state_count - engine::offload_cut(config, layout->state_count), layout->state_count)
+            : std::string("on the device"),
+        offload_params ? "offloaded to host memory" : "on the device", device_kind_name(device->kind()),
         communicator->backend_name());
   }
 }
@@ -272,7 +307,9 @@ StepResult Engine::Impl::step() {
   StepResult r;
   r.loss_scale = optimizer_step->loss_scale();
   r.next_loss_scale = r.loss_scale;
-  if (++micro_steps < config.batch.gradient_accumulation_steps) {
+  const std::int64_t gas = config.batch.gradient_accumulation_steps;
+  if (++micro_steps < gas) {
+    optimizer_step->optimizer().set_final_micro_step(micro_steps + 1 == gas);
     r.global_step = global_step;
     r.skipped_steps = skipped_steps;
     coordinator->reclaim();
@@ -286,6 +323,8 @@ StepResult Engine::Impl::step() {
   comm_stream->wait(*compute_done);
   coordinator->end_window();
   const engine::StepOutcome out = optimizer_step->run();
+  optimizer_step->optimizer().set_final_micro_step(gas == 1);
+  if (out.applied) coordinator->refresh_persistent();
   ++global_step;
   if (!out.applied) ++skipped_steps;
   r.applied = out.applied;
@@ -321,40 +360,35 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
                     "has no gradient and no optimizer state",
                     name, kind_name(kind), name, unit.name));
   }
-  BufferView source;  // the rank's flat buffer of this kind
-  switch (kind) {
-    case TensorKind::param:
-      source = param_shards.view();
-      break;
-    case TensorKind::master:
-      source = frozen ? param_shards.view() : optimizer_step->optimizer().master();
-      break;
-    case TensorKind::grad:
-      source = accumulators.view();
-      break;
-    case TensorKind::exp_avg:
-    case TensorKind::exp_avg_sq: {
-      const std::optional<BufferView> state = optimizer_step->optimizer().state(kind);
-      if (!state) {
-        throw UsageError(fmt::format("gather_tensor('{}', {}): the {} optimizer keeps no {}", name, kind_name(kind),
-                                     config::to_string(config.optimizer->type), kind_name(kind)));
-      }
-      source = *state;
-      break;
+  // The rank's slice of this kind, copied into device memory (wherever it lives: device, host chunks)
+  // so the all-gather reads it from where every backend can.
+  engine::StatePieces shard_pieces{{0, param_shards.view()}};
+  const engine::StatePieces* source = &shard_pieces;
+  DType source_dtype = param_shards.dtype();
+  engine::ShardOptimizer& opt = optimizer_step->optimizer();
+  if (!(kind == TensorKind::param || (kind == TensorKind::master && frozen))) {
+    source = &opt.pieces(kind);
+    source_dtype = DType::f32;
+    if (source->empty()) {
+      throw UsageError(fmt::format("gather_tensor('{}', {}): the {} optimizer keeps no {}", name, kind_name(kind),
+                                   config::to_string(config.optimizer->type), kind_name(kind)));
     }
   }
-  const BufferView slice = source.slice(g.flat_offset, g.shard);
+  comm_stream->synchronize();
+  opt.prepare_read();
+  Buffer mine = device->allocate(g.shard, source_dtype, MemoryKind::device, MemCategory::workspace);
+  if (g.shard > 0) engine::copy_from_pieces(*device, *source, g.flat_offset, mine.view(), *comm_stream);
   Buffer full;
   ConstBufferView piece;
   if (unit.persistent) {
-    piece = slice.slice(p.offset, p.numel);
+    piece = mine.cview().slice(p.offset, p.numel);
   } else {  // collective: every rank takes this path for the same param
-    full = device->allocate(g.padded, source.dtype, MemoryKind::device, MemCategory::workspace);
-    if (g.padded > 0) communicator->all_gather(slice, full.view(), *comm_stream);
+    full = device->allocate(g.padded, source_dtype, MemoryKind::device, MemCategory::workspace);
+    if (g.padded > 0) communicator->all_gather(mine.cview(), full.view(), *comm_stream);
     piece = full.cview().slice(p.offset, p.numel);
   }
   const MemoryKind host_kind = device->kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
-  Buffer host = device->allocate(p.numel, source.dtype, host_kind, MemCategory::staging);
+  Buffer host = device->allocate(p.numel, source_dtype, host_kind, MemCategory::staging);
   if (p.numel > 0) device->copy_async(host.view(), piece, *comm_stream);
   comm_stream->synchronize();  // also orders after every reduction and step enqueued so far
   std::vector<float> out(p.numel);

@@ -15,6 +15,7 @@
 #include "gather_coordinator.hpp"
 #include "grad_reducer.hpp"
 #include "layout.hpp"
+#include "offload_optimizer.hpp"
 #include "optimizer_step.hpp"
 #include "zero3/engine/engine.hpp"
 
@@ -71,8 +72,8 @@ struct Engine::Impl {
 
   // After finalize().
   std::optional<engine::Layout> layout;
-  Buffer param_shards;  // compute dtype, layout.param_shard_count
-  Buffer accumulators;  // fp32, layout.state_count
+  std::unique_ptr<engine::OffloadHost> offload_host;  // CPU offload: NUMA placement and the CPU pool
+  Buffer param_shards;  // compute dtype, layout.param_shard_count (host memory with offload_param)
   std::unique_ptr<engine::OptimizerStep> optimizer_step;
   std::unique_ptr<engine::GatherCoordinator> coordinator;
   std::unique_ptr<engine::GradReducer> reducer;

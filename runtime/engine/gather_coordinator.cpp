@@ -32,7 +32,34 @@ GatherCoordinator::GatherCoordinator(const Context& context, BufferView param_sh
       max_live_(non_negative(context.zero.max_live_parameters)),
       max_reuse_(non_negative(context.zero.max_reuse_distance)),
       units_(context.layout.units.size()),
-      frees_(context.events) {}
+      frees_(context.events) {
+  offloaded_ = param_shards_.kind != MemoryKind::device;
+  if (!offloaded_) return;
+  // Offloaded params: persistent units keep a device copy (their compute reads it every micro-step),
+  // refreshed after each step; everything else is copied to the device as part of its gather.
+  persistent_copies_.resize(layout_.units.size());
+  for (std::size_t u = 0; u < layout_.units.size(); ++u) {
+    const UnitLayout& ul = layout_.units[u];
+    if (!ul.persistent || ul.gathered_count() == 0) continue;
+    persistent_copies_[u] = device_.allocate(ul.gathered_count(), dtype_, MemoryKind::device, MemCategory::param_shard);
+    for (const Group g : {Group::trainable, Group::frozen}) copy_persistent_group(u, g);
+  }
+}
+
+void GatherCoordinator::copy_persistent_group(std::size_t unit, Group g) {
+  const UnitLayout& ul = layout_.units[unit];
+  const GroupLayout& gl = ul.group(g);
+  if (gl.shard == 0) return;
+  device_.copy_async(persistent_copies_[unit].view().slice(ul.gathered_offset(g), gl.shard),
+                     param_shards_.slice(gl.flat_offset, gl.shard), comm_stream_);
+}
+
+void GatherCoordinator::refresh_persistent() {
+  if (!offloaded_) return;
+  for (std::size_t u = 0; u < layout_.units.size(); ++u) {
+    if (!persistent_copies_[u].empty()) copy_persistent_group(u, Group::trainable);
+  }
+}
 
 void GatherCoordinator::add_gathered(std::size_t elems) {
   stats_.gathered_elems += elems;
@@ -103,8 +130,16 @@ void GatherCoordinator::gather(std::size_t unit, bool prefetched) {
   for (const Group g : {Group::trainable, Group::frozen}) {
     const GroupLayout& gl = ul.group(g);
     if (gl.padded == 0) continue;
-    comm_.all_gather(param_shards_.slice(gl.flat_offset, gl.shard),
-                     s.buffer.view().slice(ul.gathered_offset(g), gl.padded), comm_stream_);
+    const BufferView full = s.buffer.view().slice(ul.gathered_offset(g), gl.padded);
+    if (offloaded_) {
+      // The shard lives in host memory: copy it into this rank's block and gather in place, so the
+      // host-to-device copy is part of the (prefetched) gather and never a separate blocking step.
+      const BufferView own = full.slice(static_cast<std::size_t>(comm_.rank()) * gl.shard, gl.shard);
+      device_.copy_async(own, param_shards_.slice(gl.flat_offset, gl.shard), comm_stream_);
+      comm_.all_gather(own, full, comm_stream_);
+    } else {
+      comm_.all_gather(param_shards_.slice(gl.flat_offset, gl.shard), full, comm_stream_);
+    }
   }
   comm_stream_.record(*s.ready);
   s.state = State::in_flight;
@@ -161,7 +196,10 @@ void GatherCoordinator::free_unit(std::size_t unit, Stream& last_user) {
 BufferView GatherCoordinator::param(std::size_t param_index) const {
   const ParamLayout& p = layout_.params[param_index];
   const UnitLayout& ul = layout_.units[p.unit];
-  if (ul.persistent) return param_shards_.slice(ul.group(p.group).flat_offset + p.offset, p.numel);
+  if (ul.persistent) {
+    if (offloaded_) return persistent_copies_[p.unit].view().slice(ul.gathered_offset(p.group) + p.offset, p.numel);
+    return param_shards_.slice(ul.group(p.group).flat_offset + p.offset, p.numel);
+  }
   const UnitState& s = units_[p.unit];
   ZERO3_CHECK(s.state == State::available, "GatherCoordinator::param of a unit that is not acquired");
   return s.buffer.view().slice(ul.gathered_offset(p.group) + p.offset, p.numel);

@@ -34,7 +34,9 @@ class GatherCoordinator {
     DType dtype;  // the compute dtype of the param shards and gathered buffers
     EngineStats& stats;
   };
-  // `param_shards`: the rank's flat param-shard buffer (layout.param_shard_count elements).
+  // `param_shards`: the rank's flat param-shard buffer (layout.param_shard_count elements). In host memory
+  // (offload_param), each gather first copies the rank's shard to the device, and persistent units keep a
+  // device copy (made here, on the comm stream).
   GatherCoordinator(const Context& context, BufferView param_shards);
 
   // Work enqueued on the compute stream after this call sees the unit's full params. Non-blocking, except
@@ -48,6 +50,9 @@ class GatherCoordinator {
   // The accumulation window ended: the trace is complete (or checked), and every kept or prefetched unit
   // is released, since the optimizer step makes their gathered copies stale. No scope may be open.
   void end_window();
+  // After a step wrote new params into host-memory shards: refreshes the persistent units' device copies
+  // (on the comm stream). A no-op when the shards are in device memory.
+  void refresh_persistent();
   // Frees released buffers whose last use has completed (non-blocking).
   void reclaim() { frees_.reclaim(); }
 
@@ -69,6 +74,7 @@ class GatherCoordinator {
   void finish_trace();
   bool keep_for_reuse(std::size_t unit) const;
   void add_gathered(std::size_t elems);
+  void copy_persistent_group(std::size_t unit, Group g);
 
   const Layout& layout_;
   Device& device_;
@@ -83,6 +89,8 @@ class GatherCoordinator {
   std::uint64_t max_live_;
   std::uint64_t max_reuse_;
 
+  bool offloaded_ = false;                 // param_shards_ in host memory
+  std::vector<Buffer> persistent_copies_;  // offloaded: device copies of persistent units (gathered layout)
   std::vector<UnitState> units_;
   DeferredFrees frees_;
   std::size_t live_padded_ = 0;          // elements of allocated gathered buffers not yet released

@@ -6,15 +6,7 @@
 
 namespace zero3::engine {
 
-namespace {
-
-void accumulate(Stream& stream, BufferView dst, ConstBufferView src) {
-  stream.device().kernels().accumulate(stream, dst, src, 1.0f);
-}
-
-}  // namespace
-
-GradReducer::GradReducer(const Context& context, BufferView accumulators)
+GradReducer::GradReducer(const Context& context, ShardOptimizer& optimizer)
     : layout_(context.layout),
       device_(context.device),
       comm_(context.comm),
@@ -23,7 +15,7 @@ GradReducer::GradReducer(const Context& context, BufferView accumulators)
       dtype_(context.dtype),
       comm_dtype_(context.comm_dtype),
       stats_(context.stats),
-      accumulators_(accumulators),
+      optimizer_(optimizer),
       compute_done_(context.events.acquire()),
       frees_(context.events) {
   // reduce_bucket_size elements per collective: W pieces of this many, rounded down to the alignment.
@@ -75,7 +67,6 @@ void GradReducer::reduce(std::size_t unit, Buffer grads) {
 void GradReducer::reduce_sharded(const GroupLayout& g, BufferView grads) {
   const auto w = static_cast<std::size_t>(layout_.world_size);
   const std::size_t s = g.shard;
-  const BufferView acc = accumulators_.slice(g.flat_offset, s);
   if (s <= piece_) {
     // The whole group in one collective: the grad buffer is already rank-major.
     ConstBufferView send = grads;
@@ -86,7 +77,7 @@ void GradReducer::reduce_sharded(const GroupLayout& g, BufferView grads) {
     }
     const BufferView recv = scratch(recv_, s);
     comm_.reduce_scatter(send, recv, comm::ReduceOp::avg, comm_stream_);
-    accumulate(comm_stream_, acc, recv);
+    optimizer_.accumulate(g.flat_offset, recv, comm_stream_);
     return;
   }
   // Pieces [a, a + n) of every rank's slice, packed rank-major so one reduce-scatter hands rank q its part.
@@ -103,13 +94,12 @@ void GradReducer::reduce_sharded(const GroupLayout& g, BufferView grads) {
     }
     const BufferView recv = scratch(recv_, n);
     comm_.reduce_scatter(send, recv, comm::ReduceOp::avg, comm_stream_);
-    accumulate(comm_stream_, acc.slice(a, n), recv);
+    optimizer_.accumulate(g.flat_offset + a, recv, comm_stream_);
   }
 }
 
 void GradReducer::reduce_persistent(const GroupLayout& g, BufferView grads) {
   const std::size_t limit = piece_ * static_cast<std::size_t>(layout_.world_size);
-  const BufferView acc = accumulators_.slice(g.flat_offset, g.numel);
   for (std::size_t a = 0; a < g.numel; a += limit) {
     const std::size_t n = std::min(limit, g.numel - a);
     BufferView data = grads.slice(a, n);
@@ -119,7 +109,7 @@ void GradReducer::reduce_persistent(const GroupLayout& g, BufferView grads) {
       data = cast;
     }
     comm_.all_reduce(data, comm::ReduceOp::avg, comm_stream_);
-    accumulate(comm_stream_, acc.slice(a, n), data);
+    optimizer_.accumulate(g.flat_offset + a, data, comm_stream_);
   }
 }
 

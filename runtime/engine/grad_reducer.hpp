@@ -1,16 +1,18 @@
 // Gradient buffers and their reduction. open() hands out a zero-filled full-size buffer for a unit's
 // trainable group (compute dtype); reduce() takes it back when the GradScope closes and, on the comm stream
 // after the compute work enqueued so far: casts to the communication dtype if it differs, reduce-scatters
-// (avg) this rank's slice, and accumulates it into the fp32 gradient accumulator. Persistent units are
-// all-reduced (avg) whole instead. Large units go in pieces of at most reduce_bucket_size elements per
-// collective, packed rank-major into a reusable comm buffer. Gradient buffers waiting for their reduction
-// are bounded by reduce_bucket_size elements (open() waits for the oldest beyond that). Engine thread only.
+// (avg) this rank's slice, and hands it to the optimizer's fp32 gradient accumulators (on the device, or copied to host
+// memory for CPU offload). Persistent units are all-reduced (avg) whole instead. Large units go in pieces of at most
+// reduce_bucket_size elements per collective, packed rank-major into a reusable comm buffer. Gradient buffers waiting
+// for their reduction are bounded by reduce_bucket_size elements (open() waits for the oldest beyond that). Engine
+// thread only.
 #pragma once
 
 #include <cstddef>
 
 #include "deferred_free.hpp"
 #include "layout.hpp"
+#include "optimizer_step.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/engine/engine.hpp"
@@ -31,8 +33,8 @@ class GradReducer {
     DType comm_dtype;  // of the reduction
     EngineStats& stats;
   };
-  // `accumulators`: the rank's flat fp32 gradient accumulators (layout.state_count elements).
-  GradReducer(const Context& context, BufferView accumulators);
+  // Reduced pieces go to `optimizer`'s accumulators (ShardOptimizer::accumulate).
+  GradReducer(const Context& context, ShardOptimizer& optimizer);
 
   // Blocking allocation; the zero fill is enqueued on the compute stream. Empty for a unit without
   // trainable params.
@@ -59,7 +61,7 @@ class GradReducer {
   DType dtype_;
   DType comm_dtype_;
   EngineStats& stats_;
-  BufferView accumulators_;
+  ShardOptimizer& optimizer_;
   std::size_t piece_ = 0;        // per-rank elements of one reduce-scatter
   std::size_t max_pending_ = 0;  // gradient elements allowed to wait for their reduction
   std::unique_ptr<Event> compute_done_;

@@ -118,40 +118,41 @@ void init_values(const ParamSpec& param, std::uint64_t seed, std::uint64_t first
   }
 }
 
-void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device, Stream& stream, BufferView master,
-                       BufferView params, std::vector<std::uint64_t>& value_hashes) {
-  ZERO3_CHECK(master.count == layout.state_count && params.count == layout.param_shard_count,
-              "initialize_shards: buffer sizes do not match the layout");
+void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device, Stream& stream,
+                       const StatePieces& master, BufferView params, std::vector<std::uint64_t>& value_hashes) {
+  ZERO3_CHECK(params.count == layout.param_shard_count,
+              "initialize_shards: param buffer size does not match the layout");
   std::vector<Fnv> hashes(layout.params.size());
-  kernels::fill(stream, master, 0.0f);
-  kernels::fill(stream, params, 0.0f);
-
-  // Staging in pinned memory where the device needs it for async copies, pageable on the host device.
+  // Values are made in host staging (pinned where the device needs it for async copies), rounded to the
+  // compute dtype there too (the same RNE the cast kernels use), and copied to wherever master and params
+  // live: device memory, or host memory when they are offloaded.
   const MemoryKind staging_kind =
       device.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
   const std::size_t chunk = std::min(kInitChunkElems, layout.param_shard_count);
   Buffer host = device.allocate(chunk, DType::f32, staging_kind, MemCategory::staging);
-  const std::size_t frozen_count = layout.param_shard_count - layout.state_count;
-  Buffer frozen_tmp =
-      device.allocate(std::min(chunk, frozen_count), DType::f32, MemoryKind::device, MemCategory::workspace);
+  Buffer rounded = device.allocate(chunk, params.dtype, staging_kind, MemCategory::staging);
+  const auto round_into_params = [&](std::size_t at, std::size_t n) {
+    const float* v = host.view().as<float>();
+    for (std::size_t i = 0; i < n; ++i) store_from_float(rounded.data(), rounded.dtype(), i, v[i]);
+    device.copy_async(params.slice(at, n), rounded.cview().slice(0, n), stream);
+  };
 
-  // Trainable slices into the master (its flat layout is the first state_count elements of the param shards').
+  // Trainable slices into the master (its flat layout is the first state_count elements of the param
+  // shards'); frozen slices have no master and only go to the params.
   const std::vector<FlatPiece> trainable = flat_pieces(layout, 0, layout.state_count);
   for (std::size_t c = 0; c < layout.state_count; c += chunk) {
     const std::size_t n = std::min(chunk, layout.state_count - c);
     fill_flat(layout, trainable, seed, c, std::span<float>(host.view().as<float>(), n), hashes);
-    device.copy_async(master.slice(c, n), host.cview().slice(0, n), stream);
+    copy_into_pieces(device, master, c, host.cview().slice(0, n), stream);
+    round_into_params(c, n);
     stream.synchronize();  // the host staging is refilled next
   }
-  kernels::cast(stream, params.slice(0, layout.state_count), master);
-
-  // Frozen slices: no master; rounded straight into the param shards.
+  const std::size_t frozen_count = layout.param_shard_count - layout.state_count;
   const std::vector<FlatPiece> frozen = flat_pieces(layout, layout.state_count, layout.param_shard_count);
   for (std::size_t c = 0; c < frozen_count; c += chunk) {
     const std::size_t n = std::min(chunk, frozen_count - c);
     fill_flat(layout, frozen, seed, layout.state_count + c, std::span<float>(host.view().as<float>(), n), hashes);
-    device.copy_async(frozen_tmp.view().slice(0, n), host.cview().slice(0, n), stream);
-    kernels::cast(stream, params.slice(layout.state_count + c, n), frozen_tmp.cview().slice(0, n));
+    round_into_params(layout.state_count + c, n);
     stream.synchronize();
   }
   stream.synchronize();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "layout.hpp"
+#include "state_pieces.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/device/device.hpp"
 
@@ -20,12 +21,12 @@ namespace zero3::engine {
 // uniform(e), constant, or the custom fill function.
 void init_values(const ParamSpec& param, std::uint64_t seed, std::uint64_t first, std::span<float> out);
 
-// Fills this rank's slices: master (fp32, layout.state_count) gets the trainable values, params (compute
+// Fills this rank's slices: master (fp32 pieces, layout.state_count) gets the trainable values, params (compute
 // dtype, layout.param_shard_count) their rounded copy, and frozen slices go straight to params. Padding is
 // 0. Enqueues on `stream` and synchronizes it. value_hashes[p] gets a hash of the fp32 values of param p
 // when its unit is persistent (every rank holds all of them), 0 otherwise.
-void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device, Stream& stream, BufferView master,
-                       BufferView params, std::vector<std::uint64_t>& value_hashes);
+void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device, Stream& stream,
+                       const StatePieces& master, BufferView params, std::vector<std::uint64_t>& value_hashes);
 
 // Collective over `bootstrap`: all-gathers a fingerprint of every unit (name, persistence, group sizes) and
 // param (name, shape, flags, init, layout, persistent values) plus `config_json`'s hash, and throws Error

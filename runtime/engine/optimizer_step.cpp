@@ -14,30 +14,64 @@ using config::OptimizerType;
 class DeviceShardOptimizer final : public ShardOptimizer {
  public:
   DeviceShardOptimizer(const config::OptimizerConfig& config, Device& device, Stream& stream, std::size_t count,
-                       std::vector<StateSegment> segments)
-      : config_(config), segments_(std::move(segments)) {
+                       std::size_t sharded_count, std::vector<StateSegment> segments)
+      : config_(config), sharded_count_(std::min(sharded_count, count)), segments_(std::move(segments)) {
     master_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::master);
+    acc_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::grad_shard);
     const bool has_m = config.type != OptimizerType::adagrad;
     const bool has_v = config.type != OptimizerType::lion;  // Adagrad's sum of squares sits here
     if (has_m) exp_avg_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::optim_state);
     if (has_v) exp_avg_sq_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::optim_state);
-    for (Buffer* b : {&exp_avg_, &exp_avg_sq_}) {
+    for (Buffer* b : {&acc_, &exp_avg_, &exp_avg_sq_}) {
       if (!b->empty()) kernels::fill(stream, b->view(), 0.0f);
     }
-    has_exp_avg_ = has_m;
-    has_exp_avg_sq_ = has_v;
+    const auto one = [](const Buffer& b) { return b.empty() ? StatePieces{} : StatePieces{{0, b.view()}}; };
+    master_pieces_ = one(master_);
+    acc_pieces_ = one(acc_);
+    exp_avg_pieces_ = one(exp_avg_);
+    exp_avg_sq_pieces_ = one(exp_avg_sq_);
   }
 
-  BufferView master() override { return master_.view(); }
-
-  std::optional<BufferView> state(TensorKind kind) override {
-    if (kind == TensorKind::exp_avg && has_exp_avg_) return exp_avg_.view();
-    if (kind == TensorKind::exp_avg_sq && has_exp_avg_sq_) return exp_avg_sq_.view();
-    return std::nullopt;
+  const StatePieces& pieces(TensorKind kind) const override {
+    switch (kind) {
+      case TensorKind::master:
+        return master_pieces_;
+      case TensorKind::exp_avg:
+        return exp_avg_pieces_;
+      case TensorKind::exp_avg_sq:
+        return exp_avg_sq_pieces_;
+      case TensorKind::grad:
+        return acc_pieces_;
+      case TensorKind::param:
+        break;
+    }
+    return none_;
   }
 
-  void step(Stream& stream, const OptimizerStepArgs& args, ConstBufferView grads, BufferView params) override {
+  void accumulate(std::size_t offset, ConstBufferView reduced, Stream& stream) override {
+    if (reduced.count == 0) return;
+    stream.device().kernels().accumulate(stream, acc_.view().slice(offset, reduced.count), reduced, 1.0f);
+  }
+
+  void grad_stats(Stream& stream, BufferView scalars, bool check_overflow, bool include_persistent) override {
+    const BufferView flag = scalars.slice(0, 1);
+    const BufferView sum_sq = scalars.slice(1, 1);
+    const BufferView acc = acc_.view();
+    if (acc.count == 0) return;
+    if (check_overflow) kernels::nonfinite_check(stream, acc, flag);
+    kernels::sum_squares(stream, acc.slice(0, sharded_count_), sum_sq, /*accumulate=*/true);
+    if (include_persistent && acc.count > sharded_count_) {
+      kernels::sum_squares(stream, acc.slice(sharded_count_, acc.count - sharded_count_), sum_sq, /*accumulate=*/true);
+    }
+  }
+
+  void clear_grads(Stream& stream) override {
+    if (!acc_.empty()) kernels::fill(stream, acc_.view(), 0.0f);
+  }
+
+  void step(Stream& stream, const OptimizerStepArgs& args, BufferView params) override {
     const kernels::KernelBackend& k = stream.device().kernels();
+    const ConstBufferView grads = acc_.cview();
     for (const StateSegment& seg : segments_) {
       const auto lr = static_cast<float>(args.lr * seg.lr_scale);
       const auto wd = static_cast<float>(seg.weight_decay ? config_.weight_decay : 0.0);
@@ -46,71 +80,83 @@ class DeviceShardOptimizer final : public ShardOptimizer {
       const BufferView param = params.slice(seg.offset, seg.count);
       switch (config_.type) {
         case OptimizerType::adam:
-        case OptimizerType::adamw: {
-          kernels::AdamArgs a;
-          a.lr = lr;
-          a.beta1 = static_cast<float>(args.betas[0]);
-          a.beta2 = static_cast<float>(args.betas[1]);
-          a.eps = static_cast<float>(config_.eps);
-          a.weight_decay = wd;
-          a.adamw = config_.decoupled_weight_decay;
-          a.bias_correction = config_.bias_correction;
-          a.step = args.step;
-          a.grad_scale = args.grad_scale;
-          k.adam_step(stream, a, master, exp_avg_.view().slice(seg.offset, seg.count),
+        case OptimizerType::adamw:
+          k.adam_step(stream, adam_args(config_, args, lr, wd), master, exp_avg_.view().slice(seg.offset, seg.count),
                       exp_avg_sq_.view().slice(seg.offset, seg.count), grad, param);
           break;
-        }
-        case OptimizerType::lion: {
-          kernels::LionArgs a;
-          a.lr = lr;
-          a.beta1 = static_cast<float>(args.betas[0]);
-          a.beta2 = static_cast<float>(args.betas[1]);
-          a.weight_decay = wd;
-          a.grad_scale = args.grad_scale;
-          k.lion_step(stream, a, master, exp_avg_.view().slice(seg.offset, seg.count), grad, param);
+        case OptimizerType::lion:
+          k.lion_step(stream, lion_args(args, lr, wd), master, exp_avg_.view().slice(seg.offset, seg.count), grad,
+                      param);
           break;
-        }
-        case OptimizerType::adagrad: {
-          kernels::AdagradArgs a;
-          a.lr = lr;
-          a.eps = static_cast<float>(config_.eps);
-          a.weight_decay = wd;
-          a.grad_scale = args.grad_scale;
-          k.adagrad_step(stream, a, master, exp_avg_sq_.view().slice(seg.offset, seg.count), grad, param);
+        case OptimizerType::adagrad:
+          k.adagrad_step(stream, adagrad_args(config_, args, lr, wd), master,
+                         exp_avg_sq_.view().slice(seg.offset, seg.count), grad, param);
           break;
-        }
       }
     }
   }
 
  private:
   config::OptimizerConfig config_;
+  std::size_t sharded_count_ = 0;
   std::vector<StateSegment> segments_;
   Buffer master_;
+  Buffer acc_;
   Buffer exp_avg_;
   Buffer exp_avg_sq_;
-  bool has_exp_avg_ = false;
-  bool has_exp_avg_sq_ = false;
+  StatePieces master_pieces_, acc_pieces_, exp_avg_pieces_, exp_avg_sq_pieces_, none_;
 };
 
 }  // namespace
 
-std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerConfig& optimizer, Device& device,
-                                                      Stream& stream, std::size_t count,
-                                                      std::vector<StateSegment> segments) {
-  return std::make_unique<DeviceShardOptimizer>(optimizer, device, stream, count, std::move(segments));
+kernels::AdamArgs adam_args(const config::OptimizerConfig& config, const OptimizerStepArgs& args, float lr,
+                            float weight_decay) {
+  kernels::AdamArgs a;
+  a.lr = lr;
+  a.beta1 = static_cast<float>(args.betas[0]);
+  a.beta2 = static_cast<float>(args.betas[1]);
+  a.eps = static_cast<float>(config.eps);
+  a.weight_decay = weight_decay;
+  a.adamw = config.decoupled_weight_decay;
+  a.bias_correction = config.bias_correction;
+  a.step = args.step;
+  a.grad_scale = args.grad_scale;
+  return a;
 }
 
-OptimizerStep::OptimizerStep(const Context& context, std::unique_ptr<ShardOptimizer> optimizer, BufferView accumulators,
-                             BufferView params)
+kernels::LionArgs lion_args(const OptimizerStepArgs& args, float lr, float weight_decay) {
+  kernels::LionArgs a;
+  a.lr = lr;
+  a.beta1 = static_cast<float>(args.betas[0]);
+  a.beta2 = static_cast<float>(args.betas[1]);
+  a.weight_decay = weight_decay;
+  a.grad_scale = args.grad_scale;
+  return a;
+}
+
+kernels::AdagradArgs adagrad_args(const config::OptimizerConfig& config, const OptimizerStepArgs& args, float lr,
+                                  float weight_decay) {
+  kernels::AdagradArgs a;
+  a.lr = lr;
+  a.eps = static_cast<float>(config.eps);
+  a.weight_decay = weight_decay;
+  a.grad_scale = args.grad_scale;
+  return a;
+}
+
+std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerConfig& optimizer, Device& device,
+                                                      Stream& stream, std::size_t count, std::size_t sharded_count,
+                                                      std::vector<StateSegment> segments) {
+  return std::make_unique<DeviceShardOptimizer>(optimizer, device, stream, count, sharded_count, std::move(segments));
+}
+
+OptimizerStep::OptimizerStep(const Context& context, std::unique_ptr<ShardOptimizer> optimizer, BufferView params)
     : layout_(context.layout),
       config_(context.config),
       device_(context.device),
       comm_(context.comm),
       stream_(context.stream),
       optimizer_(std::move(optimizer)),
-      accumulators_(accumulators),
       params_(params),
       schedule_(optim::LrSchedule::create(context.config.scheduler ? &*context.config.scheduler : nullptr,
                                           *context.config.optimizer)),
@@ -122,19 +168,10 @@ OptimizerStep::OptimizerStep(const Context& context, std::unique_ptr<ShardOptimi
 }
 
 StepOutcome OptimizerStep::run() {
-  const BufferView flag = scalars_.view().slice(0, 1);
-  const BufferView sum_sq = scalars_.view().slice(1, 1);
-  const BufferView acc = accumulators_;
   kernels::fill(stream_, scalars_.view(), 0.0f);
-  if (scaler_.checks_overflow()) kernels::nonfinite_check(stream_, acc, flag);
   // Sharded accumulators are disjoint across ranks; persistent ones are identical on every rank (the
   // all-reduce gives bitwise equal results), so rank 0 alone adds them to count them once.
-  kernels::sum_squares(stream_, acc.slice(0, layout_.sharded_state_count), sum_sq, /*accumulate=*/false);
-  if (comm_.rank() == 0 && layout_.state_count > layout_.sharded_state_count) {
-    kernels::sum_squares(stream_,
-                         acc.slice(layout_.sharded_state_count, layout_.state_count - layout_.sharded_state_count),
-                         sum_sq, /*accumulate=*/true);
-  }
+  optimizer_->grad_stats(stream_, scalars_.view(), scaler_.checks_overflow(), comm_.rank() == 0);
   // One all-reduce for both: the flags add up to the number of ranks that saw a non-finite value.
   comm_.all_reduce(scalars_.view(), comm::ReduceOp::sum, stream_);
   device_.copy_async(host_scalars_.view(), scalars_.cview(), stream_);
@@ -148,7 +185,7 @@ StepOutcome OptimizerStep::run() {
   const double norm = std::sqrt(total_sq);  // of the scaled gradients
   out.grad_norm = norm / out.loss_scale;
   if (overflow_flag != 0.0f) {
-    kernels::fill(stream_, acc, 0.0f);
+    optimizer_->clear_grads(stream_);
     scaler_.update(true);
     out.next_loss_scale = scaler_.scale();
     return out;
@@ -165,8 +202,8 @@ StepOutcome OptimizerStep::run() {
   args.betas = lr.betas.value_or(config_.optimizer->betas);
   args.grad_scale = static_cast<float>(1.0 / (coefficient * out.loss_scale));
   args.step = applied_steps_ + 1;
-  optimizer_->step(stream_, args, acc, params_.slice(0, layout_.state_count));
-  kernels::fill(stream_, acc, 0.0f);
+  optimizer_->step(stream_, args, params_.slice(0, layout_.state_count));
+  optimizer_->clear_grads(stream_);
 
   schedule_->advance();
   scaler_.update(false);

@@ -2,8 +2,8 @@
 // fp16 overflow check and global norm (one all-reduce, one small host read), loss-scale update and an early
 // return on overflow with every param and state untouched, then unscale and clip folded into the optimizer
 // kernels, the lr schedule advanced. The update itself is behind ShardOptimizer: the device implementation
-// here runs the fused kernels on the rank's shards; the CPU-offload one (offload/) will keep master and
-// state in pinned host memory. Engine thread only; device work goes on the stream given.
+// here runs the fused kernels on the rank's shards; the CPU-offload one (offload_optimizer.hpp) keeps
+// master, state and accumulators in host memory. Engine thread only; device work goes on the stream given.
 #pragma once
 
 #include <array>
@@ -14,9 +14,11 @@
 
 #include "deferred_free.hpp"
 #include "layout.hpp"
+#include "state_pieces.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/engine/engine.hpp"
+#include "zero3/kernels/kernels.hpp"
 #include "zero3/optim/loss_scaler.hpp"
 #include "zero3/optim/lr_schedule.hpp"
 
@@ -29,24 +31,49 @@ struct OptimizerStepArgs {
   std::int64_t step = 1;          // 1-based count of applied steps, for bias correction
 };
 
-// The update of this rank's trainable shards: flat fp32 master and state buffers in the layout's state
-// order (layout.state_count elements), stepped per StateSegment so lr_scale and weight decay apply per param.
+// This rank's optimizer state and gradient accumulators, and the update: the fp32 master, the moments and
+// the fp32 gradient accumulators, in the layout's state order, stepped per StateSegment so lr_scale and
+// weight decay apply per param. Engine thread only; stream work goes on the stream passed.
 class ShardOptimizer {
  public:
   virtual ~ShardOptimizer() = default;
-  // The fp32 master weights.
-  virtual BufferView master() = 0;
-  // exp_avg (Adam/AdamW/Lion m), exp_avg_sq (Adam/AdamW v; Adagrad's sum of squared gradients); nullopt
-  // when this optimizer keeps no such state.
-  virtual std::optional<BufferView> state(TensorKind kind) = 0;
-  // Non-blocking: enqueues the update from `grads` (fp32 accumulators) on `stream`, writing the new
-  // compute-dtype weights into `params` (layout.state_count elements).
-  virtual void step(Stream& stream, const OptimizerStepArgs& args, ConstBufferView grads, BufferView params) = 0;
+  // Where a tensor lives: master, exp_avg (Adam/AdamW/Lion m), exp_avg_sq (Adam/AdamW v; Adagrad's sum of
+  // squared gradients), grad (the accumulators). Empty for a state this optimizer keeps no such state.
+  virtual const StatePieces& pieces(TensorKind kind) const = 0;
+  // Whether the micro-batch whose gradients arrive next ends the accumulation window (its gradients are
+  // the window's last, so statistics taken as they arrive are final).
+  virtual void set_final_micro_step(bool final) { (void) final; }
+  // Before the host reads pieces(kind) (after synchronizing `stream`): gradients still on their way to
+  // host memory have landed and accumulators no gradient reached this window read as 0.
+  virtual void prepare_read() {}
+  // Non-blocking: adds `reduced` (this rank's reduced gradient piece, comm dtype, device memory) into
+  // accumulator elements [offset, offset + reduced.count), in stream order after the work on `stream`;
+  // `reduced` may be overwritten by work enqueued on `stream` after this call.
+  virtual void accumulate(std::size_t offset, ConstBufferView reduced, Stream& stream) = 0;
+  // At the boundary: enqueues on `stream` the addition of this rank's [non-finite flag, sum of squares] of
+  // the accumulators into `scalars` (device memory, fp32 x 2). The flag is counted only when
+  // `check_overflow`; the persistent range [sharded_count, state_count) only when `include_persistent`.
+  // May block the host until gradients still on their way to host memory have arrived.
+  virtual void grad_stats(Stream& stream, BufferView scalars, bool check_overflow, bool include_persistent) = 0;
+  // The update from the accumulators, writing the new compute-dtype weights into `params` (state_count
+  // elements, in the param shards' memory). Device work is enqueued on `stream`; CPU work blocks the host,
+  // with the copies of its results enqueued on `stream` as they are ready.
+  virtual void step(Stream& stream, const OptimizerStepArgs& args, BufferView params) = 0;
+  // The window's gradients are consumed (after a step or a skipped one): the next window starts from 0.
+  virtual void clear_grads(Stream& stream) = 0;
 };
 
-// Master and state in device memory (zero-filled on `stream`), updated by the device's fused kernels.
+// The kernel argument structs for one segment: `lr` and `weight_decay` already per param.
+kernels::AdamArgs adam_args(const config::OptimizerConfig& config, const OptimizerStepArgs& args, float lr,
+                            float weight_decay);
+kernels::LionArgs lion_args(const OptimizerStepArgs& args, float lr, float weight_decay);
+kernels::AdagradArgs adagrad_args(const config::OptimizerConfig& config, const OptimizerStepArgs& args, float lr,
+                                  float weight_decay);
+
+// Master, state and accumulators in device memory (zero-filled on `stream`), updated by the device's
+// fused kernels. `sharded_count`: the first elements that belong to sharded units (the rest are persistent).
 std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerConfig& optimizer, Device& device,
-                                                      Stream& stream, std::size_t count,
+                                                      Stream& stream, std::size_t count, std::size_t sharded_count,
                                                       std::vector<StateSegment> segments);
 
 struct StepOutcome {
@@ -67,8 +94,7 @@ class OptimizerStep {
     Stream& stream;  // where the reductions went: the step follows them in stream order
     EventPool& events;
   };
-  OptimizerStep(const Context& context, std::unique_ptr<ShardOptimizer> optimizer, BufferView accumulators,
-                BufferView params);
+  OptimizerStep(const Context& context, std::unique_ptr<ShardOptimizer> optimizer, BufferView params);
 
   // Collective. Blocks once, to read the overflow flag and the squared norm. Zeroes the accumulators
   // (after use) in either case. Throws Error when an overflow happens at the minimum loss scale.
@@ -85,7 +111,6 @@ class OptimizerStep {
   comm::Communicator& comm_;
   Stream& stream_;
   std::unique_ptr<ShardOptimizer> optimizer_;
-  BufferView accumulators_;
   BufferView params_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   optim::LossScaler scaler_;

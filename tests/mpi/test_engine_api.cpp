@@ -297,11 +297,10 @@ TEST_CASE("config checks name the key", "[engine][errors]") {
   no_optimizer.with_optimizer = false;
   check_throws<ConfigError>([&] { make_engine(no_optimizer); }, {"optimizer"});
   ConfigText offload;
-  offload.zero = R"("offload_optimizer": {"device": "cpu"})";
-  check_throws<ConfigError>([&] { make_engine(offload); },
-                            {"zero_optimization.offload_optimizer.device", "not implemented yet"});
-  offload.zero = R"("offload_param": {"device": "cpu"})";
-  check_throws<ConfigError>([&] { make_engine(offload); }, {"zero_optimization.offload_param.device"});
+  offload.zero = R"("offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})";
+  check_throws<ConfigError>([&] { make_engine(offload); }, {"offload_optimizer", "nvme"});
+  offload.zero = R"("offload_param": {"device": "nvme", "nvme_path": "/tmp"})";
+  check_throws<ConfigError>([&] { make_engine(offload); }, {"offload_param", "nvme"});
   // And with nothing handed in, the engine makes its own device, bootstrap and communicator.
   Engine own(make_config(ConfigText{}), env().world);
   declare(own, {flat_unit("solo", 100)});

@@ -105,6 +105,9 @@ class Device {
 
   virtual DeviceKind kind() const = 0;
   virtual std::string description() const = 0;
+  // PCI bus id of the accelerator ("0000:3b:00.0"), for NUMA placement of its host buffers; nullopt for the
+  // host backend.
+  virtual std::optional<std::string> pci_bus_id() const { return std::nullopt; }
 
   virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;

@@ -1,0 +1,555 @@
+#include "offload_optimizer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "zero3/core/error.hpp"
+#include "zero3/core/log.hpp"
+#include "zero3/kernels/kernels.hpp"
+
+namespace zero3::engine {
+
+namespace {
+
+using config::OptimizerType;
+
+// Largest host chunk: the state is pinned in registrations of at most this many fp32 elements.
+constexpr std::size_t kChunkElems = offload::kPinnedChunkBytes / sizeof(float);
+// Gradient staging: this many slots of at most kSlotElems elements each, so a copy can land while the
+// worker accumulates the previous ones.
+constexpr std::size_t kSlots = 4;
+constexpr std::size_t kSlotElems = std::size_t{1} << 22;
+// Gradient accumulation tiles (reduce_tiles: the statistics are summed per tile, in tile order).
+constexpr std::size_t kGradTileElems = std::size_t{1} << 15;
+
+std::size_t sub_group_elems(const config::Config& config, std::size_t state_count) {
+  const std::int64_t s = config.zero.sub_group_size;
+  return s <= 0 ? std::max<std::size_t>(state_count, 1) : static_cast<std::size_t>(s);
+}
+
+int state_tensors(OptimizerType type) {
+  return type == OptimizerType::adam || type == OptimizerType::adamw ? 2 : 1;
+}
+
+// The largest piece a reduction hands over: a sharded group's slice or a persistent group whole.
+std::size_t largest_arrival(const Layout& layout) {
+  std::size_t n = 0;
+  for (const UnitLayout& u : layout.units) n = std::max(n, u.group(Group::trainable).shard);
+  return n;
+}
+
+// One task at a time, in submission order, on its own thread: the host side of the gradient pipeline.
+class HostWorker {
+ public:
+  HostWorker() : thread_([this] { run(); }) {}
+  ~HostWorker() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  HostWorker(const HostWorker&) = delete;
+  HostWorker& operator=(const HostWorker&) = delete;
+
+  void submit(std::function<void()> task) {
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    wake_.notify_all();
+  }
+  // Blocks until every submitted task has run; rethrows the first error a task raised (sticky).
+  void drain() {
+    std::unique_lock lock(mutex_);
+    idle_.wait(lock, [&] { return tasks_.empty() && !busy_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stop_ with nothing left
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      try {
+        if (!error_) task();  // after an error the accumulators are garbage: skip, report at drain()
+      } catch (...) {
+        lock.lock();
+        if (!error_) error_ = std::current_exception();
+        lock.unlock();
+      }
+      lock.lock();
+      busy_ = false;
+      if (tasks_.empty()) idle_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  std::deque<std::function<void()>> tasks_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: started after every member it uses exists
+};
+
+// One contiguous piece of the host region, inside one sub-group.
+struct HostChunk {
+  std::size_t offset = 0;  // in the state order
+  std::size_t count = 0;
+  Buffer master;
+  Buffer exp_avg;
+  Buffer exp_avg_sq;
+  Buffer acc;
+  Buffer params;  // compute-dtype copy for the device (only when the param shards are device memory)
+};
+
+// A gradient arrival of the current window, keyed by its first element.
+struct Arrival {
+  std::size_t count = 0;
+  std::size_t stats = 0;  // index into the window's statistics
+  bool final = false;     // arrived in the window's last micro-batch: its statistics are the final values'
+};
+
+class OffloadShardOptimizer final : public ShardOptimizer {
+ public:
+  OffloadShardOptimizer(const config::Config& config, const Layout& layout, Device& device, Stream& stream,
+                        OffloadHost& host, DType compute_dtype, DType comm_dtype, bool params_on_device)
+      : config_(*config.optimizer),
+        device_(device),
+        host_(host),
+        comm_dtype_(comm_dtype),
+        compute_dtype_(compute_dtype),
+        params_on_device_(params_on_device),
+        count_(layout.state_count),
+        sharded_count_(layout.sharded_state_count),
+        cut_(offload_cut(config, layout.state_count)) {
+    const std::vector<StateSegment> all = state_segments(layout);
+    std::vector<StateSegment> device_segments;
+    for (const StateSegment& s : all) {
+      if (s.offset < cut_) {
+        StateSegment d = s;
+        d.count = std::min(s.offset + s.count, cut_) - s.offset;
+        device_segments.push_back(d);
+      }
+      if (s.offset + s.count > cut_) {
+        StateSegment h = s;
+        h.offset = std::max(s.offset, cut_);
+        h.count = s.offset + s.count - h.offset;
+        segments_.push_back(h);
+      }
+    }
+    if (cut_ > 0) {
+      device_part_ = make_device_optimizer(config_, device, stream, cut_, std::min(sharded_count_, cut_),
+                                           std::move(device_segments));
+    }
+    // Host chunks: sub-group boundaries, then at most kChunkElems each.
+    const bool pinned = config.zero.offload_optimizer.pin_memory;
+    const std::size_t sub = sub_group_elems(config, count_);
+    const bool has_m = config_.type != OptimizerType::adagrad;
+    const bool has_v = config_.type != OptimizerType::lion;
+    for (std::size_t a = cut_; a < count_;) {
+      const std::size_t sub_end = std::min(count_, (a / sub + 1) * sub);
+      const std::size_t n = std::min(sub_end - a, kChunkElems);
+      HostChunk c;
+      c.offset = a;
+      c.count = n;
+      c.master = host.allocate(device, n, DType::f32, pinned, MemCategory::master);
+      if (has_m) c.exp_avg = host.allocate(device, n, DType::f32, pinned, MemCategory::optim_state);
+      if (has_v) c.exp_avg_sq = host.allocate(device, n, DType::f32, pinned, MemCategory::optim_state);
+      c.acc = host.allocate(device, n, DType::f32, pinned, MemCategory::grad_shard);
+      if (params_on_device_) c.params = host.allocate(device, n, compute_dtype, pinned, MemCategory::staging);
+      for (Buffer* b : {&c.exp_avg, &c.exp_avg_sq, &c.acc}) {
+        if (!b->empty()) std::memset(b->data(), 0, b->size_bytes());
+      }
+      chunks_.push_back(std::move(c));
+      a += n;
+    }
+    if (!chunks_.empty()) {
+      const std::size_t slot = std::min(kSlotElems, std::max<std::size_t>(largest_arrival(layout), 1));
+      for (std::size_t i = 0; i < kSlots; ++i) {
+        slots_.push_back(
+            {host.allocate(device, slot, comm_dtype, pinned, MemCategory::staging), device.create_event(), false});
+      }
+      const MemoryKind small_kind =
+          device.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
+      host_scalars_ = device.allocate(2, DType::f32, small_kind, MemCategory::staging);
+      device_scalars_ = device.allocate(2, DType::f32, MemoryKind::device, MemCategory::workspace);
+    }
+    build_pieces(has_m, has_v);
+  }
+
+  ~OffloadShardOptimizer() override {
+    try {
+      worker_.drain();
+    } catch (...) {  // reported by the call that failed; nothing more to do while tearing down
+    }
+  }
+
+  const StatePieces& pieces(TensorKind kind) const override {
+    switch (kind) {
+      case TensorKind::master:
+        return master_pieces_;
+      case TensorKind::exp_avg:
+        return exp_avg_pieces_;
+      case TensorKind::exp_avg_sq:
+        return exp_avg_sq_pieces_;
+      case TensorKind::grad:
+        return acc_pieces_;
+      case TensorKind::param:
+        break;
+    }
+    return none_;
+  }
+
+  void set_final_micro_step(bool final) override { final_ = final; }
+
+  void prepare_read() override {
+    if (chunks_.empty()) return;
+    worker_.drain();
+    zero_gaps();
+  }
+
+  void accumulate(std::size_t offset, ConstBufferView reduced, Stream& stream) override {
+    std::size_t done = 0;
+    if (offset < cut_) {
+      done = std::min(reduced.count, cut_ - offset);
+      device_part_->accumulate(offset, reduced.slice(0, done), stream);
+    }
+    while (done < reduced.count) {
+      const std::size_t at = offset + done;
+      const HostChunk& chunk = chunk_at(at);
+      const std::size_t n = std::min({reduced.count - done, chunk.offset + chunk.count - at, slots_[0].buffer.count()});
+      arrive(at, reduced.slice(done, n), stream);
+      done += n;
+    }
+  }
+
+  void grad_stats(Stream& stream, BufferView scalars, bool check_overflow, bool include_persistent) override {
+    if (device_part_) device_part_->grad_stats(stream, scalars, check_overflow, include_persistent);
+    if (chunks_.empty()) return;
+    worker_.drain();
+    zero_gaps();
+    // Sharded and persistent sums apart, added as the device kernels add them (fp32 sharded sum, then the
+    // persistent sum in double, rounded once more), so the norm matches the on-device one.
+    offload::GradStats sharded;
+    offload::GradStats persistent;
+    for (const auto& [at, a] : window_) {
+      if (at >= sharded_count_ && !include_persistent) continue;
+      offload::GradStats& total = at < sharded_count_ ? sharded : persistent;
+      if (a.final) {
+        total += stats_[a.stats];
+        continue;
+      }
+      // Its last arrival was in an earlier micro-batch: the statistics of the final values are taken now.
+      const HostChunk& c = chunk_at(at);
+      const float* acc = c.acc.view().as<float>() + (at - c.offset);
+      const offload::SimdPath simd = host_.simd();
+      total += host_.pool().reduce_tiles(a.count, kGradTileElems, [&](std::size_t b, std::size_t e) {
+        return offload::grad_stats_range(simd, acc + b, e - b);
+      });
+    }
+    float sum_sq = static_cast<float>(sharded.sum_sq);
+    if (include_persistent) sum_sq = static_cast<float>(static_cast<double>(sum_sq) + persistent.sum_sq);
+    const bool nonfinite = sharded.nonfinite || persistent.nonfinite;
+    float* h = host_scalars_.view().as<float>();
+    h[0] = check_overflow && nonfinite ? 1.0f : 0.0f;
+    h[1] = sum_sq;
+    device_.copy_async(device_scalars_.view(), host_scalars_.cview(), stream);
+    stream.device().kernels().accumulate(stream, scalars, device_scalars_.cview(), 1.0f);
+  }
+
+  void clear_grads(Stream& stream) override {
+    if (device_part_) device_part_->clear_grads(stream);
+    if (chunks_.empty()) return;
+    worker_.drain();
+    window_.clear();  // the next window's first arrivals overwrite
+    stats_.clear();
+  }
+
+  void step(Stream& stream, const OptimizerStepArgs& args, BufferView params) override {
+    // The device sub-groups first: the accelerator steps them while the CPU steps the rest.
+    if (device_part_) device_part_->step(stream, args, params.slice(0, cut_));
+    if (chunks_.empty()) return;
+    worker_.drain();
+    const offload::SimdPath simd = host_.simd();
+    for (HostChunk& c : chunks_) {
+      void* out = nullptr;
+      if (params_on_device_) {
+        out = c.params.data();
+      } else {
+        out = static_cast<std::byte*>(params.data) + c.offset * size_of(params.dtype);
+      }
+      const auto first_segment =
+          std::lower_bound(segments_.begin(), segments_.end(), c.offset,
+                           [](const StateSegment& s, std::size_t at) { return s.offset + s.count <= at; });
+      host_.pool().for_tiles(c.count, offload::kCpuStepTileElems, [&](std::size_t b, std::size_t e) {
+        const std::size_t tb = c.offset + b;
+        const std::size_t te = c.offset + e;
+        for (auto seg = first_segment; seg != segments_.end() && seg->offset < te; ++seg) {
+          const std::size_t sb = std::max(tb, seg->offset);
+          const std::size_t se = std::min(te, seg->offset + seg->count);
+          if (sb >= se) continue;
+          step_range(simd, args, *seg, c, sb - c.offset, se - sb, out);
+        }
+      });
+      // This chunk's params go to the device on the comm stream while the CPU steps the next chunk.
+      if (params_on_device_) device_.copy_async(params.slice(c.offset, c.count), c.params.cview(), stream);
+    }
+  }
+
+ private:
+  struct Slot {
+    Buffer buffer;
+    std::unique_ptr<Event> copied;
+    bool busy = false;
+  };
+
+  void build_pieces(bool has_m, bool has_v) {
+    const auto collect = [&](TensorKind kind, Buffer HostChunk::*member, bool exists) {
+      StatePieces out;
+      if (!exists) return out;
+      if (device_part_) out = device_part_->pieces(kind);
+      for (const HostChunk& c : chunks_) out.push_back({c.offset, (c.*member).view()});
+      return out;
+    };
+    master_pieces_ = collect(TensorKind::master, &HostChunk::master, true);
+    exp_avg_pieces_ = collect(TensorKind::exp_avg, &HostChunk::exp_avg, has_m);
+    exp_avg_sq_pieces_ = collect(TensorKind::exp_avg_sq, &HostChunk::exp_avg_sq, has_v);
+    acc_pieces_ = collect(TensorKind::grad, &HostChunk::acc, true);
+  }
+
+  const HostChunk& chunk_at(std::size_t at) const {
+    const auto it = std::upper_bound(chunks_.begin(), chunks_.end(), at,
+                                     [](std::size_t v, const HostChunk& c) { return v < c.offset; });
+    ZERO3_CHECK(it != chunks_.begin(), "offload: state offset below the host region");
+    const HostChunk& c = *std::prev(it);
+    ZERO3_CHECK(at < c.offset + c.count, "offload: state offset past the host region");
+    return c;
+  }
+
+  Slot& acquire_slot() {
+    Slot& s = slots_[next_slot_];
+    next_slot_ = (next_slot_ + 1) % slots_.size();
+    std::unique_lock lock(slot_mutex_);
+    slot_free_.wait(lock, [&] { return !s.busy; });
+    s.busy = true;
+    return s;
+  }
+
+  // One piece of gradient for the host region, inside one chunk: device-to-host into a staging slot on
+  // the comm stream, then accumulated by the worker once the copy has landed.
+  void arrive(std::size_t at, ConstBufferView piece, Stream& stream) {
+    Slot& slot = acquire_slot();
+    device_.copy_async(slot.buffer.view().slice(0, piece.count), piece, stream);
+    stream.record(*slot.copied);
+    const auto [it, first] = window_.try_emplace(at);
+    Arrival& a = it->second;
+    ZERO3_CHECK(first || a.count == piece.count, "offload: gradient pieces changed shape within a window");
+    a.count = piece.count;
+    a.final = final_;
+    a.stats = stats_.size();
+    stats_.emplace_back();
+    offload::GradStats* out = &stats_.back();  // deque: stays put while later entries are added
+    const HostChunk& c = chunk_at(at);
+    float* acc = c.acc.view().as<float>() + (at - c.offset);
+    const bool overwrite = first;
+    const bool want_stats = final_;
+    const std::size_t n = piece.count;
+    const void* src = slot.buffer.data();
+    const DType dtype = comm_dtype_;
+    worker_.submit([this, &slot, acc, src, dtype, n, overwrite, want_stats, out] {
+      slot.copied->synchronize();
+      const offload::SimdPath simd = host_.simd();
+      const std::size_t elem = size_of(dtype);
+      *out = host_.pool().reduce_tiles(n, kGradTileElems, [&](std::size_t b, std::size_t e) {
+        // The window's first arrival overwrites: 0 + 1 * g is what the device's zeroed accumulator gives.
+        if (overwrite) std::memset(acc + b, 0, (e - b) * sizeof(float));
+        return offload::accumulate_range(simd, acc + b, static_cast<const std::byte*>(src) + b * elem, dtype, 1.0f,
+                                         e - b, want_stats);
+      });
+      {
+        std::lock_guard lock(slot_mutex_);
+        slot.busy = false;
+      }
+      slot_free_.notify_all();
+    });
+  }
+
+  // Host accumulator ranges no gradient reached this window still hold an earlier window's values.
+  void zero_gaps() {
+    auto it = window_.begin();
+    for (const HostChunk& c : chunks_) {
+      std::size_t at = c.offset;
+      const std::size_t end = c.offset + c.count;
+      float* acc = c.acc.view().as<float>();
+      while (at < end) {
+        while (it != window_.end() && it->first + it->second.count <= at) ++it;
+        const std::size_t next = it == window_.end() ? end : std::min(end, it->first);
+        if (next > at) {
+          std::memset(acc + (at - c.offset), 0, (next - at) * sizeof(float));
+          at = next;
+        } else {
+          at = std::min(end, it->first + it->second.count);
+        }
+      }
+    }
+  }
+
+  void step_range(offload::SimdPath simd, const OptimizerStepArgs& args, const StateSegment& seg, HostChunk& c,
+                  std::size_t local, std::size_t n, void* params_base) {
+    const auto lr = static_cast<float>(args.lr * seg.lr_scale);
+    const auto wd = static_cast<float>(seg.weight_decay ? config_.weight_decay : 0.0);
+    offload::StepSpan span;
+    span.master = c.master.view().as<float>() + local;
+    span.exp_avg = c.exp_avg.empty() ? nullptr : c.exp_avg.view().as<float>() + local;
+    span.exp_avg_sq = c.exp_avg_sq.empty() ? nullptr : c.exp_avg_sq.view().as<float>() + local;
+    span.grad = c.acc.view().as<float>() + local;
+    span.grad_dtype = DType::f32;
+    span.param = static_cast<std::byte*>(params_base) + local * size_of(compute_dtype_);  // the chunk's params
+    span.param_dtype = compute_dtype_;
+    span.count = n;
+    switch (config_.type) {
+      case OptimizerType::adam:
+      case OptimizerType::adamw:
+        offload::adam_range(simd, adam_args(config_, args, lr, wd), span);
+        break;
+      case OptimizerType::lion:
+        offload::lion_range(simd, lion_args(args, lr, wd), span);
+        break;
+      case OptimizerType::adagrad:
+        offload::adagrad_range(simd, adagrad_args(config_, args, lr, wd), span);
+        break;
+    }
+  }
+
+  config::OptimizerConfig config_;
+  Device& device_;
+  OffloadHost& host_;
+  DType comm_dtype_;
+  DType compute_dtype_;
+  bool params_on_device_;
+  std::size_t count_;
+  std::size_t sharded_count_;
+  std::size_t cut_;
+  std::vector<StateSegment> segments_;  // of the host region
+  std::unique_ptr<ShardOptimizer> device_part_;
+  std::vector<HostChunk> chunks_;
+  std::vector<Slot> slots_;
+  std::size_t next_slot_ = 0;
+  std::mutex slot_mutex_;
+  std::condition_variable slot_free_;
+  Buffer host_scalars_;
+  Buffer device_scalars_;
+  bool final_ = false;
+  std::map<std::size_t, Arrival> window_;
+  std::deque<offload::GradStats> stats_;
+  StatePieces master_pieces_, acc_pieces_, exp_avg_pieces_, exp_avg_sq_pieces_, none_;
+  HostWorker worker_;  // last: joined first, while everything its tasks touch still exists
+};
+
+}  // namespace
+
+OffloadHost::OffloadHost(const Device& device, const comm::World& world) {
+  const std::vector<int> rank_cpus = offload::process_cpus();
+  try {
+    topology_.emplace(offload::HostTopology::from_system());
+    const std::optional<std::string> bus = device.pci_bus_id();
+    placement_ = offload::choose_placement(*topology_, bus ? std::optional<std::string_view>(*bus) : std::nullopt,
+                                           rank_cpus, world.local_rank);
+  } catch (const Error& e) {
+    log::warn("CPU offload: cannot read the host topology ({}); offloaded memory is not NUMA-bound", e.what());
+    topology_.reset();
+    placement_.cpus = rank_cpus;
+    placement_.reason = "no topology";
+  }
+  // Ranks of this node that share the node's cores split them, unless the launcher bound each rank to
+  // its own set already (then the placement's cores are already within it).
+  std::vector<int> cpus = placement_.cpus;
+  if (topology_) {
+    const int nodes = std::max(1, topology_->numa_node_count());
+    const int sharing = std::max(1, (world.local_size + nodes - 1) / nodes);
+    const std::vector<int> node = topology_->node_cpus(placement_.node);
+    if (sharing > 1 && cpus.size() == node.size() && cpus.size() >= static_cast<std::size_t>(sharing)) {
+      const std::size_t per = cpus.size() / static_cast<std::size_t>(sharing);
+      const std::size_t first = static_cast<std::size_t>(world.local_rank / nodes % sharing) * per;
+      cpus = std::vector<int>(cpus.begin() + static_cast<std::ptrdiff_t>(first),
+                              cpus.begin() + static_cast<std::ptrdiff_t>(first + per));
+    } else if (sharing > 1) {
+      cpus.clear();  // fewer cores than ranks: leave the threads unbound
+    }
+  }
+  pool_ = std::make_unique<offload::CpuThreadPool>(cpus.empty() ? 1 : static_cast<int>(cpus.size()), cpus);
+  simd_ = offload::best_simd_path();
+}
+
+OffloadHost::~OffloadHost() = default;
+
+Buffer OffloadHost::allocate(Device& device, std::size_t count, DType dtype, bool pinned, MemCategory category) {
+  std::optional<offload::ScopedMemoryBinding> bind;
+  if (topology_) bind.emplace(*topology_, placement_.node);
+  return device.allocate(count, dtype, pinned ? MemoryKind::pinned_host : MemoryKind::pageable_host, category);
+}
+
+std::string OffloadHost::describe() const {
+  std::string cpus;
+  for (std::size_t i = 0; i < placement_.cpus.size(); ++i)
+    cpus += fmt::format("{}{}", i ? "," : "", placement_.cpus[i]);
+  return fmt::format("NUMA node {} ({}), {} CPU optimizer thread(s) on cpus [{}], {} path", placement_.node,
+                     placement_.reason, pool_->threads(), cpus, offload::simd_path_name(simd_));
+}
+
+std::size_t offload_cut(const config::Config& config, std::size_t state_count) {
+  if (config.zero.offload_optimizer.device != config::OffloadDevice::cpu || state_count == 0) return state_count;
+  const std::size_t sub = sub_group_elems(config, state_count);
+  const std::size_t groups = (state_count + sub - 1) / sub;
+  // DeepSpeed: sub-group i is stepped on the CPU when i >= int((1 - ratio) * n).
+  const auto on_device =
+      static_cast<std::size_t>((1.0 - config.zero.offload_optimizer.ratio) * static_cast<double>(groups));
+  return std::min(state_count, on_device * sub);
+}
+
+HostFootprint offload_footprint(const config::Config& config, const Layout& layout, DType compute_dtype,
+                                DType comm_dtype, bool params_on_device) {
+  HostFootprint f;
+  const auto add = [&](bool pinned, std::uint64_t bytes) { (pinned ? f.pinned_bytes : f.pageable_bytes) += bytes; };
+  const config::ZeroConfig& zero = config.zero;
+  if (zero.offload_param.device == config::OffloadDevice::cpu) {
+    add(zero.offload_param.pin_memory, std::uint64_t{layout.param_shard_count} * size_of(compute_dtype));
+  }
+  if (zero.offload_optimizer.device == config::OffloadDevice::cpu && config.optimizer) {
+    const std::uint64_t host = layout.state_count - offload_cut(config, layout.state_count);
+    const std::uint64_t per_elem = 4 * (2 + static_cast<std::uint64_t>(state_tensors(config.optimizer->type))) +
+                                   (params_on_device ? size_of(compute_dtype) : 0);
+    add(zero.offload_optimizer.pin_memory, host * per_elem);
+    if (host > 0) {
+      const std::uint64_t slot = std::min(kSlotElems, std::max<std::size_t>(largest_arrival(layout), 1));
+      add(zero.offload_optimizer.pin_memory, kSlots * slot * size_of(comm_dtype));
+    }
+  }
+  return f;
+}
+
+std::unique_ptr<ShardOptimizer> make_offload_optimizer(const config::Config& config, const Layout& layout,
+                                                       Device& device, Stream& stream, OffloadHost& host,
+                                                       DType compute_dtype, DType comm_dtype, bool params_on_device) {
+  return std::make_unique<OffloadShardOptimizer>(config, layout, device, stream, host, compute_dtype, comm_dtype,
+                                                 params_on_device);
+}
+
+}  // namespace zero3::engine

@@ -1,0 +1,70 @@
+// CPU offload of the optimizer (zero_optimization.offload_optimizer.device = cpu): the fp32 master, the
+// moments and the fp32 gradient accumulators of this rank's shard live in host memory (pinned when
+// pin_memory is set), on the NUMA node closest to the rank's GPU, stepped by the SIMD CPU optimizers
+// (zero3/offload/cpu_optimizer.hpp) on threads bound to that node's cores.
+//
+// Pipeline: each reduced gradient piece is copied device-to-host into a ring of staging slots on the comm
+// stream as soon as it is reduced (during backward), and a host worker accumulates it into the fp32
+// accumulators (the first arrival of a window overwrites, so no zeroing pass), taking the norm and
+// overflow statistics in the same pass in the window's last micro-batch. At the boundary the CPU steps
+// the host region chunk by chunk (chunks never cross a sub_group_size boundary), and each chunk's new
+// low-precision params are copied host-to-device on the comm stream while the CPU steps the next.
+// offload_optimizer.ratio < 1 keeps the first sub-groups on the device (DeepSpeed: sub-group i goes to the
+// CPU when i >= int((1 - ratio) * n)), stepped by the device kernels concurrently with the CPU.
+// Engine thread only (plus the worker and the CPU pool, internal).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "layout.hpp"
+#include "optimizer_step.hpp"
+#include "zero3/comm/world.hpp"
+#include "zero3/config/config.hpp"
+#include "zero3/device/device.hpp"
+#include "zero3/offload/cpu_optimizer.hpp"
+#include "zero3/offload/numa.hpp"
+#include "zero3/offload/pinned_budget.hpp"
+
+namespace zero3::engine {
+
+// Where a rank's offloaded host memory and optimizer threads go, decided once per engine (NUMA node of
+// the GPU, or of the rank's CPU set), with the CPU pool and the SIMD path.
+class OffloadHost {
+ public:
+  OffloadHost(const Device& device, const comm::World& world);
+  ~OffloadHost();
+  // A host buffer (pinned or pageable) allocated with its pages bound to the chosen NUMA node.
+  Buffer allocate(Device& device, std::size_t count, DType dtype, bool pinned, MemCategory category);
+  offload::CpuThreadPool& pool() { return *pool_; }
+  offload::SimdPath simd() const { return simd_; }
+  const offload::NumaPlacement& placement() const { return placement_; }
+  std::string describe() const;
+
+ private:
+  std::optional<offload::HostTopology> topology_;
+  offload::NumaPlacement placement_;
+  std::unique_ptr<offload::CpuThreadPool> pool_;
+  offload::SimdPath simd_ = offload::SimdPath::scalar;
+};
+
+// The host region of the state order: [cut, state_count) goes to the CPU.
+std::size_t offload_cut(const config::Config& config, std::size_t state_count);
+
+// Bytes of host memory a rank's offload will allocate, for the budget check made before any allocation.
+struct HostFootprint {
+  std::uint64_t pinned_bytes = 0;
+  std::uint64_t pageable_bytes = 0;
+};
+HostFootprint offload_footprint(const config::Config& config, const Layout& layout, DType compute_dtype,
+                                DType comm_dtype, bool params_on_device);
+
+// The offloaded ShardOptimizer. `params_on_device`: whether the param shards the step writes are device
+// memory (copied host-to-device per chunk) or host memory (offload_param: written in place).
+std::unique_ptr<ShardOptimizer> make_offload_optimizer(const config::Config& config, const Layout& layout,
+                                                       Device& device, Stream& stream, OffloadHost& host,
+                                                       DType compute_dtype, DType comm_dtype, bool params_on_device);
+
+}  // namespace zero3::engine

@@ -1,0 +1,28 @@
+// A flat array of the layout's state order (layout.state_count elements) held in pieces: one device
+// buffer, host chunks (CPU offload), or both (partial offload), and copies between such an array and one
+// contiguous view. Engine thread only; copies are enqueued on the stream given.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "zero3/core/buffer_view.hpp"
+#include "zero3/device/device.hpp"
+
+namespace zero3::engine {
+
+// Sorted by offset, disjoint, covering [0, state_count) when the
+// tensor exists; empty when it does not.
+struct StatePiece {
+  std::size_t offset = 0;
+  BufferView view;
+};
+using StatePieces = std::vector<StatePiece>;
+
+// Enqueues on `stream` copies of elements [offset, offset + dst.count) of `pieces` into dst (any memory kinds).
+void copy_from_pieces(Device& device, const StatePieces& pieces, std::size_t offset, BufferView dst, Stream& stream);
+// Enqueues on `stream` copies of src into elements [offset, offset + src.count) of `pieces`.
+void copy_into_pieces(Device& device, const StatePieces& pieces, std::size_t offset, ConstBufferView src,
+                      Stream& stream);
+
+}  // namespace zero3::engine

@@ -1,0 +1,225 @@
+// The float test model (tests/model) trained through the engine, for the MPI equivalence tests: the job's
+// world and bootstrap, a DeepSpeed config assembled per world size, and EngineTrainer, which drives the
+// model's forward and backward through GatherScope/GradScope with explicit staging of params and grads
+// (tests/support/device_staging.hpp), so the same path runs on the host device and on CUDA.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "bench_model.hpp"
+#include "device_staging.hpp"
+#include "mpi_test_env.hpp"
+#include "zero3/config/parse.hpp"
+#include "zero3/engine/engine.hpp"
+
+namespace zero3::test::engine_trainer {
+
+using model::Arch;
+
+constexpr std::uint64_t kDataSeed = 2024;
+
+inline test::MpiTestEnv& env() {
+  return test::mpi_env();
+}
+inline int world_size() {
+  return env().world.size;
+}
+inline int world_rank() {
+  return env().world.rank;
+}
+
+inline double mean_over_ranks(double v) {
+  std::vector<std::byte> mine(sizeof v);
+  std::memcpy(mine.data(), &v, sizeof v);
+  const std::vector<std::byte> all = env().bootstrap->all_gather(mine);
+  double sum = 0.0;
+  for (std::size_t off = 0; off < all.size(); off += sizeof v) {
+    double x = 0.0;
+    std::memcpy(&x, all.data() + off, sizeof x);
+    sum += x;
+  }
+  return sum / world_size();
+}
+
+inline double rel(double a, double b) {
+  if (a == b) return 0.0;
+  return std::fabs(a - b) / std::max(std::fabs(b), 1e-300);
+}
+
+inline model::ModelConfig transformer(int layers = 2) {
+  model::ModelConfig m;
+  m.arch = Arch::transformer;
+  m.d_in = 8;
+  m.d_model = 16;
+  m.d_ff = 32;
+  m.layers = layers;
+  m.seq_len = 8;
+  m.d_out = 5;
+  return m;
+}
+
+inline model::ModelConfig mlp() {
+  model::ModelConfig m;
+  m.arch = Arch::mlp;
+  m.d_in = 8;
+  m.d_model = 16;
+  m.layers = 2;
+  m.d_out = 4;
+  m.activation = model::Activation::tanh;
+  return m;
+}
+
+// A DeepSpeed config for this world size, assembled from pieces and parsed like a user's file.
+struct ConfigText {
+  int train_batch = 12;  // global: divisible by 1, 2, 3 and 4
+  int gas = 1;
+  std::string optimizer = R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.05}})";
+  std::string scheduler;  // a scheduler object, or empty for none
+  std::string precision;  // e.g. "bf16": {"enabled": true}
+  double clipping = 0.0;
+  // Units up to 200 elements (the input projection and the head) persistent, blocks sharded.
+  std::string zero = R"("stage3_param_persistence_threshold": 200)";
+  std::string zero3_extra;  // more keys of the "zero3" block, e.g. R"("pinned_memory_budget_gb": 1)"
+
+  config::Config parse() const {
+    const int w = world_size();
+    std::string text = fmt::format(
+        R"({{"train_batch_size": {}, "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
+            "gradient_clipping": {}, "optimizer": {}, {} {}
+            "zero_optimization": {{"stage": 3, {}}}, "zero3": {{"seed": 42, "device": "{}"{}}}}})",
+        train_batch, train_batch / (w * gas), gas, clipping, optimizer,
+        scheduler.empty() ? "" : fmt::format(R"("scheduler": {},)", scheduler),
+        precision.empty() ? "" : precision + ",", zero, test::test_device_name(),
+        zero3_extra.empty() ? "" : ", " + zero3_extra);
+    config::ParseOptions options;
+    options.world_size = w;
+    options.world_size_source = "test";
+    const config::ParseResult r = config::parse_config_text(text, options);
+    if (!r.runnable()) {
+      std::string msg;
+      for (const auto& d : r.errors) msg += config::format_diagnostic("error", d) + "\n";
+      for (const auto& d : r.not_implemented) msg += config::format_diagnostic("not implemented", d) + "\n";
+      throw ConfigError(fmt::format("test config rejected:\n{}{}", msg, text));
+    }
+    return *r.config;
+  }
+};
+
+// The zero3 side: the float model driven through the engine, computed on the host over the engine's device
+// buffers through explicit staging (tests/support/device_staging.hpp): each gathered param is copied to the
+// host on the compute stream (after the gather the stream waits for), and each gradient is copied back into
+// the engine's buffer on the compute stream before its GradScope closes. The same path runs on the host
+// device and on CUDA.
+class EngineTrainer {
+ public:
+  EngineTrainer(const config::Config& config, const model::ModelConfig& model, std::vector<UnitSpec> units)
+      : model_(model), units_(std::move(units)), net_(model), engine_(config, env().world, resources()) {
+    for (const UnitSpec& u : units_) engine_.add_unit(u);
+    engine_.finalize();
+    pbuf_.resize(units_.size());
+    gbuf_.resize(units_.size());
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      for (const ParamSpec& p : units_[u].params) {
+        pbuf_[u].emplace_back(model::numel(p));
+        gbuf_[u].emplace_back(model::numel(p));
+      }
+    }
+  }
+
+  Engine& engine() { return engine_; }
+
+  // Forward and backward of micro-step `micro` of optimizer step `step`; this rank's micro-batch loss.
+  // `inject`: the name of a param whose first gradient element becomes +Inf on the last rank.
+  double forward_backward(std::int64_t step, int micro, const std::string& inject = {}) {
+    const int w = world_size();
+    const int r = world_rank();
+    const auto mb = static_cast<int>(engine_.config().batch.train_micro_batch_size_per_gpu);
+    const model::Batch<float> batch =
+        model::make_batch<float>(model_, kDataSeed, step, model::micro_batch_ids(r, w, micro, mb));
+    net_.set_batch(batch);
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      Engine::GatherScope g = engine_.gather(units_[u].name);
+      net_.forward(u, load_params(u, g));
+    }
+    const auto loss = static_cast<double>(net_.loss());
+    const auto seed = static_cast<float>(engine_.loss_multiplier());
+    for (std::size_t u = units_.size(); u-- > 0;) {
+      Engine::GatherScope g = engine_.gather(units_[u].name);
+      Engine::GradScope gr = engine_.grads(units_[u].name);
+      const std::string poison = r == w - 1 ? inject : std::string();
+      backward_unit(u, g, gr, seed, poison);
+    }
+    engine_.compute_stream().synchronize();
+    return loss;
+  }
+
+  // One optimizer step (all micro-steps); `global_loss`: the mean loss over the global batch.
+  StepResult train_step(std::int64_t step, double* global_loss = nullptr) {
+    const auto gas = static_cast<int>(engine_.config().batch.gradient_accumulation_steps);
+    double sum = 0.0;
+    StepResult r;
+    for (int m = 0; m < gas; ++m) {
+      sum += forward_backward(step, m);
+      r = engine_.step();
+      CHECK(r.boundary == (m == gas - 1));
+    }
+    const double mean = mean_over_ranks(sum / gas);
+    if (global_loss != nullptr) *global_loss = mean;
+    return r;
+  }
+
+ private:
+  static EngineResources resources() {
+    EngineResources res;
+    res.bootstrap = env().bootstrap;
+    return res;
+  }
+
+  // The unit's params, staged to the host as floats (into pbuf_).
+  std::vector<const float*> load_params(std::size_t u, const Engine::GatherScope& g) {
+    std::vector<const float*> ptrs;
+    for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
+      pbuf_[u][k] =
+          test::download_floats(engine_.device(), engine_.compute_stream(), g.param(units_[u].params[k].name));
+      ptrs.push_back(pbuf_[u][k].data());
+    }
+    return ptrs;
+  }
+
+  // Backward of unit `u` on the host into gbuf_ (zero-filled first, as the engine's grad buffers are), then
+  // each trainable param's gradient staged into the engine's grad buffer.
+  void backward_unit(std::size_t u, const Engine::GatherScope& g, const Engine::GradScope& gr, float seed,
+                     const std::string& poison) {
+    const std::vector<const float*> ptrs = load_params(u, g);
+    std::vector<float*> gptrs;
+    for (std::vector<float>& b : gbuf_[u]) {
+      std::fill(b.begin(), b.end(), 0.0f);
+      gptrs.push_back(b.data());
+    }
+    net_.backward(u, ptrs, gptrs, seed);
+    for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
+      const ParamSpec& p = units_[u].params[k];
+      if (!p.trainable) continue;  // frozen: no gradient
+      std::vector<float>& b = gbuf_[u][k];
+      if (!poison.empty() && p.name == poison && !b.empty()) b[0] = std::numeric_limits<float>::infinity();
+      test::upload_floats(engine_.device(), engine_.compute_stream(), gr.grad(p.name), b);
+    }
+  }
+
+  // Declared before the engine, so it outlives the engine's destructor (which waits for its streams).
+  model::ModelConfig model_;
+  std::vector<UnitSpec> units_;
+  model::Network<float> net_;
+  std::vector<std::vector<std::vector<float>>> pbuf_, gbuf_;  // params staged as float; grads before storing
+  Engine engine_;
+};
+
+}  // namespace zero3::test::engine_trainer
