@@ -44,7 +44,8 @@ constexpr KeySpec kKeys[] = {
      "false (the client decides the step boundary) is not implemented"},
     {kTop, "gradient_clipping", "number >= 0", "1.0", S::implemented, A::resolved, "0 turns clipping off; auto: 1.0"},
     {kTop, "steps_per_print", "int > 0 or null", "null", S::implemented, A::rejected, "null: never print"},
-    {kTop, "wall_clock_breakdown", "bool", "false", S::implemented, A::rejected, "step phase timers"},
+    {kTop, "wall_clock_breakdown", "bool", "false", S::implemented, A::rejected,
+     "step phase timers; with CPU offload, copy and CPU time per step (EngineStats::last_step_offload)"},
     {kTop, "memory_breakdown", "bool", "false", S::implemented, A::rejected, "memory report around each phase"},
     {kTop, "dump_state", "bool", "false", S::no_effect, A::rejected, "zero3 prints the resolved config instead"},
     {kTop, "prescale_gradients", "bool", "false", S::implemented, A::rejected,
@@ -516,7 +517,8 @@ constexpr KeySpec kKeys[] = {
     // ---- zero3's own block
     {"zero3", "seed", "int >= 0", "42", S::implemented, A::rejected, "seeds model init and synthetic data"},
     {"zero3", "pinned_memory_budget_gb", "number > 0 or \"auto\"", "\"auto\"", S::implemented, A::rejected,
-     "cap on pinned host memory; auto: decided at startup from host memory"},
+     "GiB of pinned host memory per rank, checked before allocation; auto: half of MemAvailable shared by the "
+     "node's ranks, capped by the memlock limit where pinning uses mlock"},
     {"zero3", "model", "object", "none", S::implemented, A::rejected, "the model to train"},
     {"zero3", "data", "object", "{}", S::implemented, A::rejected, "the training data"},
     {"zero3", "run", "object", "none", S::implemented, A::rejected, "run length; feeds scheduler \"auto\" values"},

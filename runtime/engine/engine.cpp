@@ -113,6 +113,10 @@ std::shared_ptr<comm::Communicator> make_communicator(const config::Config& conf
 Engine::Impl::Impl(const config::Config& cfg, const comm::World& w, EngineResources resources)
     : config(cfg), world(w), dtype(cfg.model_dtype()), comm_dtype(cfg.communication_data_type) {
   check_config(config, world);
+  // wall_clock_breakdown: where an offloaded step's time goes (EngineStats::last_step_offload).
+  const bool offloading = config.zero.offload_optimizer.device == OffloadDevice::cpu ||
+                          config.zero.offload_param.device == OffloadDevice::cpu;
+  timeline = std::make_unique<engine::Timeline>(config.wall_clock_breakdown && offloading);
   if (config.data_types.grad_accum_dtype && *config.data_types.grad_accum_dtype != DType::f32 && world.rank == 0) {
     log::warn(
         "data_types.grad_accum_dtype: {} is accepted, but zero3 accumulates gradients in fp32 (its optimizer "
@@ -204,6 +208,7 @@ void Engine::Impl::close_scope(std::uint64_t token) {
   }
   OpenScope s = std::move(*it);
   scopes.erase(it);
+  timeline->end(*compute, s.compute_interval);
   if (s.grad) {
     reducer->reduce(s.unit, std::move(s.grads));
   } else {
@@ -248,8 +253,8 @@ void Engine::Impl::finalize() {
   std::vector<std::uint64_t> value_hashes;
   try {
     if (offload_optimizer) {
-      optimizer = engine::make_offload_optimizer(config, built, *device, *comm_stream, *offload_host, dtype, comm_dtype,
-                                                 /*params_on_device=*/!offload_params);
+      optimizer = engine::make_offload_optimizer(config, built, *device, *comm_stream, *offload_host, *timeline, dtype,
+                                                 comm_dtype, /*params_on_device=*/!offload_params);
     } else {
       optimizer = engine::make_device_optimizer(*config.optimizer, *device, *comm_stream, built.state_count,
                                                 built.sharded_state_count, engine::state_segments(built));
@@ -271,7 +276,7 @@ void Engine::Impl::finalize() {
   const engine::OptimizerStep::Context step_context{*layout, config, *device, *communicator, *comm_stream, *events};
   optimizer_step = std::make_unique<engine::OptimizerStep>(step_context, std::move(optimizer), param_shards.view());
   const engine::GatherCoordinator::Context gather_context{*layout,      config.zero, *device, *communicator, *compute,
-                                                          *comm_stream, *events,     dtype,   stats};
+                                                          *comm_stream, *events,     dtype,   stats,         *timeline};
   coordinator = std::make_unique<engine::GatherCoordinator>(gather_context, param_shards.view());
   const engine::GradReducer::Context reduce_context{*layout,      config,  *device, *communicator, *compute,
                                                     *comm_stream, *events, dtype,   comm_dtype,    stats};
@@ -323,6 +328,7 @@ StepResult Engine::Impl::step() {
   comm_stream->wait(*compute_done);
   coordinator->end_window();
   const engine::StepOutcome out = optimizer_step->run();
+  stats.last_step_offload = timeline->summarize();
   optimizer_step->optimizer().set_final_micro_step(gas == 1);
   if (out.applied) coordinator->refresh_persistent();
   ++global_step;
@@ -437,7 +443,7 @@ Engine::GatherScope Engine::gather(std::string_view unit) {
   const std::size_t u = impl.unit_or_throw("gather", unit);
   impl.coordinator->acquire(u);
   const std::uint64_t token = impl.next_token++;
-  impl.scopes.push_back({false, u, token, {}});
+  impl.scopes.push_back({false, u, token, {}, impl.timeline->begin(*impl.compute, engine::Timeline::Lane::compute)});
   return GatherScope(this, u, token);
 }
 
@@ -458,7 +464,8 @@ Engine::GradScope Engine::grads(std::string_view unit) {
   if (open(true)) throw UsageError(fmt::format("grads('{}'): a GradScope of this unit is already open", unit));
   Buffer buffer = impl.reducer->open(u);
   const std::uint64_t token = impl.next_token++;
-  impl.scopes.push_back({true, u, token, std::move(buffer)});
+  impl.scopes.push_back(
+      {true, u, token, std::move(buffer), impl.timeline->begin(*impl.compute, engine::Timeline::Lane::compute)});
   return GradScope(this, u, token);
 }
 

@@ -39,7 +39,8 @@ struct Engine::Impl {
     bool grad = false;
     std::size_t unit = 0;
     std::uint64_t token = 0;
-    Buffer grads;  // grad scopes: the full-size gradient buffer
+    Buffer grads;                        // grad scopes: the full-size gradient buffer
+    std::uint64_t compute_interval = 0;  // Timeline id of the scope's compute-stream interval
   };
   OpenScope* find_scope(std::uint64_t token);
   // Closes the scope `token` (a no-op when it is not open). State is updated before an order error throws.
@@ -54,6 +55,8 @@ struct Engine::Impl {
   comm::World world;
   DType dtype = DType::f32;       // compute: param shards, gathered params, grad buffers
   DType comm_dtype = DType::f32;  // gradient reduction
+  // Before the streams: their pending timestamp callbacks write into it until they are drained.
+  std::unique_ptr<engine::Timeline> timeline;
   std::shared_ptr<Device> device;
   std::shared_ptr<comm::Bootstrap> bootstrap;
   std::shared_ptr<comm::Communicator> communicator;

@@ -27,6 +27,7 @@ GatherCoordinator::GatherCoordinator(const Context& context, BufferView param_sh
       events_(context.events),
       dtype_(context.dtype),
       stats_(context.stats),
+      timeline_(context.timeline),
       param_shards_(param_shards),
       prefetch_bucket_(non_negative(context.zero.prefetch_bucket_size)),
       max_live_(non_negative(context.zero.max_live_parameters)),
@@ -50,8 +51,11 @@ void GatherCoordinator::copy_persistent_group(std::size_t unit, Group g) {
   const UnitLayout& ul = layout_.units[unit];
   const GroupLayout& gl = ul.group(g);
   if (gl.shard == 0) return;
+  const std::uint64_t copy = timeline_.begin(comm_stream_, Timeline::Lane::h2d);
   device_.copy_async(persistent_copies_[unit].view().slice(ul.gathered_offset(g), gl.shard),
                      param_shards_.slice(gl.flat_offset, gl.shard), comm_stream_);
+  timeline_.end(comm_stream_, copy);
+  timeline_.add_bytes(Timeline::Lane::h2d, gl.shard * size_of(dtype_));
 }
 
 void GatherCoordinator::refresh_persistent() {
@@ -135,7 +139,10 @@ void GatherCoordinator::gather(std::size_t unit, bool prefetched) {
       // The shard lives in host memory: copy it into this rank's block and gather in place, so the
       // host-to-device copy is part of the (prefetched) gather and never a separate blocking step.
       const BufferView own = full.slice(static_cast<std::size_t>(comm_.rank()) * gl.shard, gl.shard);
+      const std::uint64_t copy = timeline_.begin(comm_stream_, Timeline::Lane::h2d);
       device_.copy_async(own, param_shards_.slice(gl.flat_offset, gl.shard), comm_stream_);
+      timeline_.end(comm_stream_, copy);
+      timeline_.add_bytes(Timeline::Lane::h2d, own.size_bytes());
       comm_.all_gather(own, full, comm_stream_);
     } else {
       comm_.all_gather(param_shards_.slice(gl.flat_offset, gl.shard), full, comm_stream_);

@@ -15,6 +15,7 @@
 
 #include "deferred_free.hpp"
 #include "layout.hpp"
+#include "timeline.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/engine/engine.hpp"
@@ -33,6 +34,7 @@ class GatherCoordinator {
     EventPool& events;
     DType dtype;  // the compute dtype of the param shards and gathered buffers
     EngineStats& stats;
+    Timeline& timeline;
   };
   // `param_shards`: the rank's flat param-shard buffer (layout.param_shard_count elements). In host memory
   // (offload_param), each gather first copies the rank's shard to the device, and persistent units keep a
@@ -84,6 +86,7 @@ class GatherCoordinator {
   EventPool& events_;
   DType dtype_;
   EngineStats& stats_;
+  Timeline& timeline_;
   BufferView param_shards_;
   std::uint64_t prefetch_bucket_;
   std::uint64_t max_live_;

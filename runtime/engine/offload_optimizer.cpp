@@ -129,10 +129,12 @@ struct Arrival {
 class OffloadShardOptimizer final : public ShardOptimizer {
  public:
   OffloadShardOptimizer(const config::Config& config, const Layout& layout, Device& device, Stream& stream,
-                        OffloadHost& host, DType compute_dtype, DType comm_dtype, bool params_on_device)
+                        OffloadHost& host, Timeline& timeline, DType compute_dtype, DType comm_dtype,
+                        bool params_on_device)
       : config_(*config.optimizer),
         device_(device),
         host_(host),
+        timeline_(timeline),
         comm_dtype_(comm_dtype),
         compute_dtype_(compute_dtype),
         params_on_device_(params_on_device),
@@ -289,6 +291,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     worker_.drain();
     const offload::SimdPath simd = host_.simd();
     for (HostChunk& c : chunks_) {
+      const auto start = Timeline::Clock::now();
       void* out = nullptr;
       if (params_on_device_) {
         out = c.params.data();
@@ -308,8 +311,14 @@ class OffloadShardOptimizer final : public ShardOptimizer {
           step_range(simd, args, *seg, c, sb - c.offset, se - sb, out);
         }
       });
+      timeline_.host(Timeline::Lane::cpu, start, Timeline::Clock::now());
       // This chunk's params go to the device on the comm stream while the CPU steps the next chunk.
-      if (params_on_device_) device_.copy_async(params.slice(c.offset, c.count), c.params.cview(), stream);
+      if (params_on_device_) {
+        const std::uint64_t copy = timeline_.begin(stream, Timeline::Lane::h2d);
+        device_.copy_async(params.slice(c.offset, c.count), c.params.cview(), stream);
+        timeline_.end(stream, copy);
+        timeline_.add_bytes(Timeline::Lane::h2d, c.params.size_bytes());
+      }
     }
   }
 
@@ -356,7 +365,10 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   // the comm stream, then accumulated by the worker once the copy has landed.
   void arrive(std::size_t at, ConstBufferView piece, Stream& stream) {
     Slot& slot = acquire_slot();
+    const std::uint64_t copy = timeline_.begin(stream, Timeline::Lane::d2h);
     device_.copy_async(slot.buffer.view().slice(0, piece.count), piece, stream);
+    timeline_.end(stream, copy);
+    timeline_.add_bytes(Timeline::Lane::d2h, piece.size_bytes());
     stream.record(*slot.copied);
     const auto [it, first] = window_.try_emplace(at);
     Arrival& a = it->second;
@@ -375,6 +387,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     const DType dtype = comm_dtype_;
     worker_.submit([this, &slot, acc, src, dtype, n, overwrite, want_stats, out] {
       slot.copied->synchronize();
+      const auto start = Timeline::Clock::now();
       const offload::SimdPath simd = host_.simd();
       const std::size_t elem = size_of(dtype);
       *out = host_.pool().reduce_tiles(n, kGradTileElems, [&](std::size_t b, std::size_t e) {
@@ -383,6 +396,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
         return offload::accumulate_range(simd, acc + b, static_cast<const std::byte*>(src) + b * elem, dtype, 1.0f,
                                          e - b, want_stats);
       });
+      timeline_.host(Timeline::Lane::cpu, start, Timeline::Clock::now());
       {
         std::lock_guard lock(slot_mutex_);
         slot.busy = false;
@@ -441,6 +455,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   config::OptimizerConfig config_;
   Device& device_;
   OffloadHost& host_;
+  Timeline& timeline_;
   DType comm_dtype_;
   DType compute_dtype_;
   bool params_on_device_;
@@ -510,7 +525,7 @@ std::string OffloadHost::describe() const {
   std::string cpus;
   for (std::size_t i = 0; i < placement_.cpus.size(); ++i)
     cpus += fmt::format("{}{}", i ? "," : "", placement_.cpus[i]);
-  return fmt::format("NUMA node {} ({}), {} CPU optimizer thread(s) on cpus [{}], {} path", placement_.node,
+  return fmt::format("NUMA node {} ({}), {} CPU optimizer thread(s), cpus [{}], {} path", placement_.node,
                      placement_.reason, pool_->threads(), cpus, offload::simd_path_name(simd_));
 }
 
@@ -547,9 +562,10 @@ HostFootprint offload_footprint(const config::Config& config, const Layout& layo
 
 std::unique_ptr<ShardOptimizer> make_offload_optimizer(const config::Config& config, const Layout& layout,
                                                        Device& device, Stream& stream, OffloadHost& host,
-                                                       DType compute_dtype, DType comm_dtype, bool params_on_device) {
-  return std::make_unique<OffloadShardOptimizer>(config, layout, device, stream, host, compute_dtype, comm_dtype,
-                                                 params_on_device);
+                                                       Timeline& timeline, DType compute_dtype, DType comm_dtype,
+                                                       bool params_on_device) {
+  return std::make_unique<OffloadShardOptimizer>(config, layout, device, stream, host, timeline, compute_dtype,
+                                                 comm_dtype, params_on_device);
 }
 
 }  // namespace zero3::engine

@@ -21,6 +21,7 @@
 
 #include "layout.hpp"
 #include "optimizer_step.hpp"
+#include "timeline.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/device/device.hpp"
@@ -65,6 +66,7 @@ HostFootprint offload_footprint(const config::Config& config, const Layout& layo
 // memory (copied host-to-device per chunk) or host memory (offload_param: written in place).
 std::unique_ptr<ShardOptimizer> make_offload_optimizer(const config::Config& config, const Layout& layout,
                                                        Device& device, Stream& stream, OffloadHost& host,
-                                                       DType compute_dtype, DType comm_dtype, bool params_on_device);
+                                                       Timeline& timeline, DType compute_dtype, DType comm_dtype,
+                                                       bool params_on_device);
 
 }  // namespace zero3::engine

@@ -80,6 +80,20 @@ struct StepResult {
   std::int64_t skipped_steps = 0;  // of those, skipped for overflow
 };
 
+// Host<->device traffic of CPU offload in one accumulation window. Bytes are always counted; times are
+// measured only with wall_clock_breakdown (timestamps taken in stream order around each copy, which costs
+// a host callback per copy on CUDA).
+struct OffloadTimes {
+  std::uint64_t d2h_bytes = 0;    // reduced gradients copied to host memory
+  std::uint64_t h2d_bytes = 0;    // new params copied to the device after the CPU step, and offloaded param
+                                  // shards copied up for their gathers
+  double d2h_ms = 0.0;            // time the device-to-host copies ran
+  double h2d_ms = 0.0;            // time the host-to-device copies ran
+  double copies_hidden_ms = 0.0;  // of d2h_ms + h2d_ms, time during which other work ran (compute-stream
+                                  // work of open scopes, the CPU optimizer, the gradient accumulation)
+  double cpu_ms = 0.0;            // CPU work: gradient accumulation and the optimizer step
+};
+
 // Counters of the engine's work, for tests, benchmarks and reports. Element counts are of params, without
 // the layout's padding; the memory tracker (memory()) measures the padded buffers.
 struct EngineStats {
@@ -94,6 +108,9 @@ struct EngineStats {
   std::uint64_t persistent_elems = 0;     // elements of persistent units (kept whole on every rank)
   std::uint64_t total_elems = 0;          // elements of all params
   std::uint64_t trace_rebuilds = 0;       // times the gather order changed and the schedule was rebuilt
+  // CPU offload traffic of the last completed accumulation window (copies and CPU work complete by its
+  // boundary: the previous step's host-to-device copies, this window's gradients).
+  OffloadTimes last_step_offload;
 };
 
 // The state the engine keeps per param, for gather_tensor(). exp_avg is Adam's/Lion's first moment;

@@ -1,7 +1,8 @@
 // The CPU side of optimizer offload: fused optimizer steps and gradient accumulation over host memory,
 // vectorized with AVX-512, AVX2 or scalar code chosen at run time, and a thread pool that runs them over
 // cache-sized tiles. The per-element arithmetic is kernels/optim_math.hpp's, in the same order and without
-// FMA contraction, so every path gives the same bits as the scalar path and as the device kernels.
+// FMA contraction, so every path gives the same bits as the scalar path and as the device kernels (where
+// two different NaNs meet in one operation, which one comes out is unspecified: the result is a NaN).
 // The range functions are single-threaded and reentrant; CpuThreadPool may be used from one thread at a time.
 #pragma once
 
@@ -47,7 +48,8 @@ void lion_range(SimdPath path, const kernels::LionArgs& args, const StepSpan& sp
 void adagrad_range(SimdPath path, const kernels::AdagradArgs& args, const StepSpan& span);
 
 // Statistics of gradient values: sum of their squares (double, accumulated in a fixed order for a given
-// count, so the same on every run and every path) and whether any is Inf or NaN.
+// count, so the same on every run and every path; docs/offload.md gives the order) and whether any is Inf or
+// NaN (then sum_sq is Inf or NaN too).
 struct GradStats {
   double sum_sq = 0.0;
   bool nonfinite = false;

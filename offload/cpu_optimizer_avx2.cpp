@@ -1,0 +1,147 @@
+// The AVX2 path: 8 floats per vector, the loops of cpu_optimizer_paths.hpp over the operations below.
+// Compiled with -mavx2 -mf16c, without -mfma, and with -ffp-contract=off (offload/CMakeLists.txt); only
+// called when cpu_features.cpp found AVX2 and F16C at run time. Every operation is the one correctly
+// rounded IEEE fp32 operation of optim_math.hpp, and the 16-bit conversions give dtype.hpp's bits.
+#include "cpu_optimizer_paths.hpp"
+
+#if defined(__AVX2__) && defined(__F16C__)
+#define ZERO3_OFFLOAD_AVX2 1
+#include <immintrin.h>
+#else
+#define ZERO3_OFFLOAD_AVX2 0
+#endif
+
+namespace zero3::offload::detail::avx2_path {
+
+#if ZERO3_OFFLOAD_AVX2
+namespace {
+
+struct Avx2 {
+  using F = __m256;
+  static constexpr std::size_t kWidth = 8;
+
+  static F set1(float x) { return _mm256_set1_ps(x); }
+  static __m256i set1i(int x) { return _mm256_set1_epi32(x); }
+  // 8 x 32-bit lanes (each holding a 16-bit value) to 8 x 16-bit, in order.
+  static __m128i narrow(__m256i v) {
+    return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  }
+
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static F load(const bf16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  // F16C converts exactly (subnormals included) but quiets a signalling NaN; dtype.hpp keeps the
+  // payload as it is, so NaN lanes are rebuilt from the bits: sign, all-ones exponent, payload << 13.
+  static F load(const fp16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i e = _mm256_cvtepu16_epi32(h);
+    const __m256i abs = _mm256_and_si256(e, set1i(0x7fff));
+    const __m256i nan = _mm256_cmpgt_epi32(abs, set1i(0x7c00));
+    const __m256i nan_bits = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(e, set1i(0x8000)), 16),
+                                             _mm256_add_epi32(_mm256_slli_epi32(abs, 13), set1i(0x70000000)));
+    return _mm256_blendv_ps(_mm256_cvtph_ps(h), _mm256_castsi256_ps(nan_bits), _mm256_castsi256_ps(nan));
+  }
+
+  static void store(float* p, F x) { _mm256_storeu_ps(p, x); }
+  // dtype.hpp's float_to_bf16: round to nearest even on the bits; NaN keeps its sign and top payload,
+  // quieted.
+  static void store(bf16_t* p, F x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i lsb = _mm256_and_si256(hi, set1i(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, set1i(0x7fff)), lsb), 16);
+    const __m256i quiet = _mm256_or_si256(hi, set1i(0x0040));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow(_mm256_blendv_epi8(rounded, quiet, nan)));
+  }
+  // F16C rounds to nearest even with IEEE overflow to Inf and correctly rounded subnormals, as
+  // float_to_fp16 does; NaN becomes sign | 0x7e00 there, F16C keeps payload bits, so NaN lanes are fixed.
+  static void store(fp16_t* p, F x) {
+    const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 16), set1i(0x8000));
+    const __m128i quiet = narrow(_mm256_or_si256(sign, set1i(0x7e00)));
+    const __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    const __m128i nan = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_blendv_epi8(h, quiet, nan));
+  }
+  static void store(simd::NoParam*, F) {}
+
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F sqrt(F a) { return _mm256_sqrt_ps(a); }
+  // optim_math.hpp's sign_of: +1, -1, +0 for +-0, and NaN passed through.
+  static F sign_of(F x) {
+    const F zero = _mm256_setzero_ps();
+    F r = _mm256_blendv_ps(x, zero, _mm256_cmp_ps(x, zero, _CMP_EQ_OQ));
+    r = _mm256_blendv_ps(r, set1(1.0f), _mm256_cmp_ps(x, zero, _CMP_GT_OQ));
+    return _mm256_blendv_ps(r, set1(-1.0f), _mm256_cmp_ps(x, zero, _CMP_LT_OQ));
+  }
+
+  // The 16 lanes of a block as four vectors of 4 doubles; vector k of the block (floats 8k..8k+7) feeds
+  // acc[2k] and acc[2k + 1].
+  struct StatAcc {
+    __m256d acc[4];
+    void load(const StatLanes& l) {
+      for (int j = 0; j < 4; ++j) acc[j] = _mm256_loadu_pd(l.lane + 4 * j);
+    }
+    void store(StatLanes& l) const {
+      for (int j = 0; j < 4; ++j) _mm256_storeu_pd(l.lane + 4 * j, acc[j]);
+    }
+    void add(F x, std::size_t k) {
+      const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+      const __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+      acc[2 * k] = _mm256_add_pd(acc[2 * k], _mm256_mul_pd(a, a));
+      acc[2 * k + 1] = _mm256_add_pd(acc[2 * k + 1], _mm256_mul_pd(b, b));
+    }
+  };
+};
+
+}  // namespace
+
+void adam(const AdamCoeffs& c, const StepSpan& s) {
+  simd::adam<Avx2>(c, s);
+}
+void lion(const LionCoeffs& c, const StepSpan& s) {
+  simd::lion<Avx2>(c, s);
+}
+void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
+  simd::adagrad<Avx2>(c, s);
+}
+void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes) {
+  simd::accumulate<Avx2>(acc, src, src_dtype, alpha, count, lanes);
+}
+void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
+  simd::grad_stats<Avx2>(acc, count, lanes);
+}
+bool compiled_in() {
+  return true;
+}
+
+#else  // not built for AVX2: never selected (compiled_in is false); the scalar path stands in.
+
+void adam(const AdamCoeffs& c, const StepSpan& s) {
+  scalar_path::adam(c, s);
+}
+void lion(const LionCoeffs& c, const StepSpan& s) {
+  scalar_path::lion(c, s);
+}
+void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
+  scalar_path::adagrad(c, s);
+}
+void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes) {
+  scalar_path::accumulate(acc, src, src_dtype, alpha, count, lanes);
+}
+void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
+  scalar_path::grad_stats(acc, count, lanes);
+}
+bool compiled_in() {
+  return false;
+}
+
+#endif
+
+}  // namespace zero3::offload::detail::avx2_path

@@ -1,0 +1,149 @@
+// The AVX-512 path: 16 floats per vector, the loops of cpu_optimizer_paths.hpp over the operations
+// below. Compiled with -mavx512f/bw/vl/dq -mf16c and -ffp-contract=off (offload/CMakeLists.txt); only
+// called when cpu_features.cpp found these extensions at run time. Every operation is the one correctly
+// rounded IEEE fp32 operation of optim_math.hpp, and the 16-bit conversions give dtype.hpp's bits.
+#include "cpu_optimizer_paths.hpp"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__F16C__)
+#define ZERO3_OFFLOAD_AVX512 1
+#include <immintrin.h>
+// GCC 12's AVX-512 intrinsics start from a self-initialized _mm512_undefined_*() that -Wmaybe-uninitialized
+// flags once inlined (GCC bug 105593, fixed in GCC 13): not our code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#else
+#define ZERO3_OFFLOAD_AVX512 0
+#endif
+
+namespace zero3::offload::detail::avx512_path {
+
+#if ZERO3_OFFLOAD_AVX512
+namespace {
+
+struct Avx512 {
+  using F = __m512;
+  static constexpr std::size_t kWidth = 16;
+
+  static F set1(float x) { return _mm512_set1_ps(x); }
+  static __m512i set1i(int x) { return _mm512_set1_epi32(x); }
+
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F load(const bf16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  // F16C converts exactly (subnormals included) but quiets a signalling NaN; dtype.hpp keeps the
+  // payload as it is, so NaN lanes are rebuilt from the bits: sign, all-ones exponent, payload << 13.
+  static F load(const fp16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m512i e = _mm512_cvtepu16_epi32(h);
+    const __m512i abs = _mm512_and_si512(e, set1i(0x7fff));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, set1i(0x7c00));
+    const __m512i nan_bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(e, set1i(0x8000)), 16),
+                                             _mm512_add_epi32(_mm512_slli_epi32(abs, 13), set1i(0x70000000)));
+    return _mm512_mask_blend_ps(nan, _mm512_cvtph_ps(h), _mm512_castsi512_ps(nan_bits));
+  }
+
+  static void store(float* p, F x) { _mm512_storeu_ps(p, x); }
+  // dtype.hpp's float_to_bf16: round to nearest even on the bits; NaN keeps its sign and top payload,
+  // quieted.
+  static void store(bf16_t* p, F x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i lsb = _mm512_and_si512(hi, set1i(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, set1i(0x7fff)), lsb), 16);
+    const __m512i quiet = _mm512_or_si512(hi, set1i(0x0040));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  // F16C rounds to nearest even with IEEE overflow to Inf and correctly rounded subnormals, as
+  // float_to_fp16 does; NaN becomes sign | 0x7e00 there, F16C keeps payload bits, so NaN lanes are fixed.
+  static void store(fp16_t* p, F x) {
+    const __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 16), set1i(0x8000));
+    const __m256i quiet = _mm512_cvtepi32_epi16(_mm512_or_si512(sign, set1i(0x7e00)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_mask_blend_epi16(nan, h, quiet));
+  }
+  static void store(simd::NoParam*, F) {}
+
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F sqrt(F a) { return _mm512_sqrt_ps(a); }
+  // optim_math.hpp's sign_of: +1, -1, +0 for +-0, and NaN passed through.
+  static F sign_of(F x) {
+    const F zero = _mm512_setzero_ps();
+    F r = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, zero, _CMP_EQ_OQ), zero);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), set1(1.0f));
+    return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), set1(-1.0f));
+  }
+
+  // Lanes 0-7 and 8-15 of the block of 16, as two vectors of 8 doubles.
+  struct StatAcc {
+    __m512d lo, hi;
+    void load(const StatLanes& l) {
+      lo = _mm512_loadu_pd(l.lane);
+      hi = _mm512_loadu_pd(l.lane + 8);
+    }
+    void store(StatLanes& l) const {
+      _mm512_storeu_pd(l.lane, lo);
+      _mm512_storeu_pd(l.lane + 8, hi);
+    }
+    void add(F x, std::size_t) {
+      const __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+      const __m512d b = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+      lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
+      hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+    }
+  };
+};
+
+}  // namespace
+
+void adam(const AdamCoeffs& c, const StepSpan& s) {
+  simd::adam<Avx512>(c, s);
+}
+void lion(const LionCoeffs& c, const StepSpan& s) {
+  simd::lion<Avx512>(c, s);
+}
+void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
+  simd::adagrad<Avx512>(c, s);
+}
+void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes) {
+  simd::accumulate<Avx512>(acc, src, src_dtype, alpha, count, lanes);
+}
+void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
+  simd::grad_stats<Avx512>(acc, count, lanes);
+}
+bool compiled_in() {
+  return true;
+}
+
+#else  // not built for AVX-512: never selected (compiled_in is false); the scalar path stands in.
+
+void adam(const AdamCoeffs& c, const StepSpan& s) {
+  scalar_path::adam(c, s);
+}
+void lion(const LionCoeffs& c, const StepSpan& s) {
+  scalar_path::lion(c, s);
+}
+void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
+  scalar_path::adagrad(c, s);
+}
+void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes) {
+  scalar_path::accumulate(acc, src, src_dtype, alpha, count, lanes);
+}
+void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
+  scalar_path::grad_stats(acc, count, lanes);
+}
+bool compiled_in() {
+  return false;
+}
+
+#endif
+
+}  // namespace zero3::offload::detail::avx512_path

@@ -1,0 +1,280 @@
+// The three implementations behind cpu_optimizer.hpp's range functions (private to offload/): scalar,
+// AVX2 and AVX-512, each in its own file compiled with its own -m flags. The dispatcher
+// (cpu_optimizer.cpp) checks the arguments and turns the argument structs into optim_coeffs.hpp's
+// coefficients, so the paths trust their inputs. A SIMD path runs whole vectors and hands the remaining
+// elements to the scalar path, whose code is the only one that calls optim_math.hpp's inline functions:
+// an inline function compiled in an AVX-512 file could otherwise be the copy the linker keeps.
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+
+#include "optim_math.hpp"
+#include "zero3/core/dtype.hpp"
+#include "zero3/offload/cpu_optimizer.hpp"
+
+namespace zero3::offload::detail {
+
+using kernels::detail::AdagradCoeffs;
+using kernels::detail::AdamCoeffs;
+using kernels::detail::LionCoeffs;
+
+// The fixed summation order of GradStats::sum_sq, shared by every path: the square of element i (exact in
+// double: a float's 24-bit significand squared needs 48 bits) is added to lane i % 16, in increasing i;
+// the dispatcher then folds the 16 lanes pairwise (sum_stat_lanes). A SIMD path keeps the lanes in
+// registers (16 elements = one AVX-512 pair of 8 doubles, or four AVX2 vectors of 4) and the scalar path
+// in this array, so every path adds the same doubles in the same order.
+inline constexpr std::size_t kStatLanes = 16;
+struct StatLanes {
+  double lane[kStatLanes] = {};
+};
+
+// Per path: the fused steps over a whole span, and accumulate / stats over [0, count). `lanes` (may be
+// null in accumulate: no statistics) is continued, not reset, so a SIMD path can hand the scalar path its
+// tail starting at a multiple of 16 elements.
+namespace scalar_path {
+void adam(const AdamCoeffs& c, const StepSpan& span);
+void lion(const LionCoeffs& c, const StepSpan& span);
+void adagrad(const AdagradCoeffs& c, const StepSpan& span);
+void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes);
+void grad_stats(const float* acc, std::size_t count, StatLanes& lanes);
+bool compiled_in();  // built with this path's instructions (x86-64); the scalar path always is
+}  // namespace scalar_path
+namespace avx2_path {
+void adam(const AdamCoeffs& c, const StepSpan& span);
+void lion(const LionCoeffs& c, const StepSpan& span);
+void adagrad(const AdagradCoeffs& c, const StepSpan& span);
+void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes);
+void grad_stats(const float* acc, std::size_t count, StatLanes& lanes);
+bool compiled_in();  // built with this path's instructions (x86-64); the scalar path always is
+}  // namespace avx2_path
+namespace avx512_path {
+void adam(const AdamCoeffs& c, const StepSpan& span);
+void lion(const LionCoeffs& c, const StepSpan& span);
+void adagrad(const AdagradCoeffs& c, const StepSpan& span);
+void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes);
+void grad_stats(const float* acc, std::size_t count, StatLanes& lanes);
+bool compiled_in();  // built with this path's instructions (x86-64); the scalar path always is
+}  // namespace avx512_path
+
+// The span's elements [offset, count), for handing a tail to the scalar path. Out of line, in
+// cpu_optimizer.cpp (no -m flags), like everything the SIMD files share.
+StepSpan span_tail(const StepSpan& s, std::size_t offset);
+
+// ---- The loop skeleton of the SIMD paths, written once over a vector backend V that each SIMD file
+// defines in an anonymous namespace (so every instantiation is local to its file and its -m flags):
+//   F (fp32 vector), D (double vector), kWidth (floats per F); set1, load (float, bf16_t, fp16_t),
+//   store (float, bf16_t, fp16_t; the NoParam overload does nothing), mul, add, sub, div, sqrt, sign_of,
+//   each the single correctly rounded IEEE operation of optim_math.hpp's function of the same name;
+//   StatAcc: 16 double lanes, loaded from and stored to StatLanes, add(x, k) adding x's squares to the
+//   lanes of floats [k * kWidth, (k + 1) * kWidth) of a block of 16.
+// The loops mirror optim_math.hpp line by line and operand by operand; the optional terms are template
+// flags fixed per call, as optim_math.hpp's `if (c.l2)` is uniform over a call.
+namespace simd {
+
+struct NoParam {};
+
+// Calls fn(const G*, P*) typed by the span's grad and param dtypes (NoParam when param is null).
+template <typename Fn>
+void with_step_types(const StepSpan& s, const Fn& fn) {
+  auto typed = [&](const auto* g) {
+    if (s.param == nullptr) {
+      fn(g, static_cast<NoParam*>(nullptr));
+    } else if (s.param_dtype == DType::f32) {
+      fn(g, static_cast<float*>(s.param));
+    } else if (s.param_dtype == DType::bf16) {
+      fn(g, static_cast<bf16_t*>(s.param));
+    } else {
+      fn(g, static_cast<fp16_t*>(s.param));
+    }
+  };
+  if (s.grad_dtype == DType::f32) {
+    typed(static_cast<const float*>(s.grad));
+  } else if (s.grad_dtype == DType::bf16) {
+    typed(static_cast<const bf16_t*>(s.grad));
+  } else {
+    typed(static_cast<const fp16_t*>(s.grad));
+  }
+}
+
+template <typename P>
+inline P* offset_ptr(P* p, std::size_t i) {
+  if constexpr (std::is_same_v<P, NoParam>) {
+    return p;
+  } else {
+    return p + i;
+  }
+}
+
+template <typename V, bool kL2, bool kDecoupled, typename G, typename P>
+std::size_t adam_loop(const AdamCoeffs& c, float* p, float* m, float* v, const G* g, P* out, std::size_t n) {
+  using F = typename V::F;
+  const F grad_scale = V::set1(c.grad_scale), weight_decay = V::set1(c.weight_decay);
+  const F beta1 = V::set1(c.beta1), one_minus_beta1 = V::set1(c.one_minus_beta1);
+  const F beta2 = V::set1(c.beta2), one_minus_beta2 = V::set1(c.one_minus_beta2);
+  const F eps = V::set1(c.eps), decay = V::set1(c.decay), step_size = V::set1(c.step_size);
+  const F bc2_rsqrt = V::set1(c.bc2_rsqrt);
+  std::size_t i = 0;
+#pragma GCC unroll 2
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    F gi = V::mul(V::load(g + i), grad_scale);
+    F pi = V::load(p + i);
+    if constexpr (kL2) gi = V::add(gi, V::mul(weight_decay, pi));
+    const F mi = V::add(V::mul(beta1, V::load(m + i)), V::mul(one_minus_beta1, gi));
+    const F vi = V::add(V::mul(beta2, V::load(v + i)), V::mul(one_minus_beta2, V::mul(gi, gi)));
+    const F denom = V::add(V::mul(V::sqrt(vi), bc2_rsqrt), eps);
+    if constexpr (kDecoupled) pi = V::sub(pi, V::mul(decay, pi));
+    pi = V::sub(pi, V::mul(step_size, V::div(mi, denom)));
+    V::store(p + i, pi);
+    V::store(m + i, mi);
+    V::store(v + i, vi);
+    V::store(offset_ptr(out, i), pi);
+  }
+  return i;
+}
+
+template <typename V, bool kDecay, typename G, typename P>
+std::size_t lion_loop(const LionCoeffs& c, float* p, float* m, const G* g, P* out, std::size_t n) {
+  using F = typename V::F;
+  const F grad_scale = V::set1(c.grad_scale);
+  const F beta1 = V::set1(c.beta1), one_minus_beta1 = V::set1(c.one_minus_beta1);
+  const F beta2 = V::set1(c.beta2), one_minus_beta2 = V::set1(c.one_minus_beta2);
+  const F lr = V::set1(c.lr), after_decay = V::set1(c.after_decay);
+  std::size_t i = 0;
+#pragma GCC unroll 2
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    const F gi = V::mul(V::load(g + i), grad_scale);
+    const F m_old = V::load(m + i);
+    const F direction = V::add(V::mul(beta1, m_old), V::mul(one_minus_beta1, gi));
+    F pi = V::load(p + i);
+    if constexpr (kDecay) pi = V::mul(pi, after_decay);
+    pi = V::sub(pi, V::mul(lr, V::sign_of(direction)));
+    const F mi = V::add(V::mul(beta2, m_old), V::mul(one_minus_beta2, gi));
+    V::store(p + i, pi);
+    V::store(m + i, mi);
+    V::store(offset_ptr(out, i), pi);
+  }
+  return i;
+}
+
+template <typename V, bool kL2, typename G, typename P>
+std::size_t adagrad_loop(const AdagradCoeffs& c, float* p, float* sum, const G* g, P* out, std::size_t n) {
+  using F = typename V::F;
+  const F grad_scale = V::set1(c.grad_scale), weight_decay = V::set1(c.weight_decay);
+  const F lr = V::set1(c.lr), eps = V::set1(c.eps);
+  std::size_t i = 0;
+#pragma GCC unroll 2
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    F gi = V::mul(V::load(g + i), grad_scale);
+    F pi = V::load(p + i);
+    if constexpr (kL2) gi = V::add(gi, V::mul(weight_decay, pi));
+    const F si = V::add(V::load(sum + i), V::mul(gi, gi));
+    pi = V::sub(pi, V::mul(lr, V::div(gi, V::add(V::sqrt(si), eps))));
+    V::store(p + i, pi);
+    V::store(sum + i, si);
+    V::store(offset_ptr(out, i), pi);
+  }
+  return i;
+}
+
+// Whole blocks of 16 elements (the stat lanes' period); returns how many elements were done.
+template <typename V, bool kStats, typename S>
+std::size_t accumulate_loop(float* acc, const S* src, float alpha, std::size_t n, StatLanes* lanes) {
+  using F = typename V::F;
+  constexpr std::size_t kPerBlock = kStatLanes / V::kWidth;
+  const F a = V::set1(alpha);
+  [[maybe_unused]] typename V::StatAcc stats;
+  if constexpr (kStats) stats.load(*lanes);
+  std::size_t i = 0;
+  for (; i + kStatLanes <= n; i += kStatLanes) {
+    for (std::size_t k = 0; k < kPerBlock; ++k) {
+      const std::size_t j = i + k * V::kWidth;
+      const F x = V::add(V::load(acc + j), V::mul(a, V::load(src + j)));
+      V::store(acc + j, x);
+      if constexpr (kStats) stats.add(x, k);
+    }
+  }
+  if constexpr (kStats) stats.store(*lanes);
+  return i;
+}
+
+template <typename V>
+std::size_t grad_stats_loop(const float* acc, std::size_t n, StatLanes& lanes) {
+  constexpr std::size_t kPerBlock = kStatLanes / V::kWidth;
+  typename V::StatAcc stats;
+  stats.load(lanes);
+  std::size_t i = 0;
+  for (; i + kStatLanes <= n; i += kStatLanes) {
+    for (std::size_t k = 0; k < kPerBlock; ++k) stats.add(V::load(acc + i + k * V::kWidth), k);
+  }
+  stats.store(lanes);
+  return i;
+}
+
+// The path entry points: whole vectors here, the tail on the scalar path.
+template <typename V>
+void adam(const AdamCoeffs& c, const StepSpan& s) {
+  std::size_t done = 0;
+  with_step_types(s, [&](const auto* g, auto* out) {
+    if (c.l2) {
+      done = adam_loop<V, true, false>(c, s.master, s.exp_avg, s.exp_avg_sq, g, out, s.count);
+    } else if (c.decoupled) {
+      done = adam_loop<V, false, true>(c, s.master, s.exp_avg, s.exp_avg_sq, g, out, s.count);
+    } else {
+      done = adam_loop<V, false, false>(c, s.master, s.exp_avg, s.exp_avg_sq, g, out, s.count);
+    }
+  });
+  if (done < s.count) scalar_path::adam(c, span_tail(s, done));
+}
+
+template <typename V>
+void lion(const LionCoeffs& c, const StepSpan& s) {
+  std::size_t done = 0;
+  with_step_types(s, [&](const auto* g, auto* out) {
+    if (c.decay) {
+      done = lion_loop<V, true>(c, s.master, s.exp_avg, g, out, s.count);
+    } else {
+      done = lion_loop<V, false>(c, s.master, s.exp_avg, g, out, s.count);
+    }
+  });
+  if (done < s.count) scalar_path::lion(c, span_tail(s, done));
+}
+
+template <typename V>
+void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
+  std::size_t done = 0;
+  with_step_types(s, [&](const auto* g, auto* out) {
+    if (c.l2) {
+      done = adagrad_loop<V, true>(c, s.master, s.exp_avg_sq, g, out, s.count);
+    } else {
+      done = adagrad_loop<V, false>(c, s.master, s.exp_avg_sq, g, out, s.count);
+    }
+  });
+  if (done < s.count) scalar_path::adagrad(c, span_tail(s, done));
+}
+
+template <typename V>
+void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes) {
+  auto run = [&](const auto* x) {
+    const std::size_t done = lanes != nullptr ? accumulate_loop<V, true>(acc, x, alpha, count, lanes)
+                                              : accumulate_loop<V, false>(acc, x, alpha, count, lanes);
+    if (done < count) scalar_path::accumulate(acc + done, x + done, src_dtype, alpha, count - done, lanes);
+  };
+  if (src_dtype == DType::f32) {
+    run(static_cast<const float*>(src));
+  } else if (src_dtype == DType::bf16) {
+    run(static_cast<const bf16_t*>(src));
+  } else {
+    run(static_cast<const fp16_t*>(src));
+  }
+}
+
+template <typename V>
+void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
+  const std::size_t done = grad_stats_loop<V>(acc, count, lanes);
+  if (done < count) scalar_path::grad_stats(acc + done, count - done, lanes);
+}
+
+}  // namespace simd
+
+}  // namespace zero3::offload::detail
