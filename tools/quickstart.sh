@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the dependencies, builds zero3 and runs the main job over 2 local ranks.
-# (Until the trainer lands, the main job is the sharded-collectives demo plus a config check.)
+# (Until the GPT trainer lands, the main job is the transformer test model trained with ZeRO-3 + CPU
+# offload next to the same run on the device, plus the sharded-collectives demo and a config check.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
@@ -12,3 +13,5 @@ echo "== zero3 config check configs/zero3-offload-optimizer.json --world-size 2"
 build/bin/zero3 config check configs/zero3-offload-optimizer.json --world-size 2 >/dev/null && echo "config OK"
 echo "== mpirun -np 2 zero3 demo"
 mpirun "${mpi_flags[@]}" -np 2 build/bin/zero3 demo
+echo "== mpirun -np 2 zero3 bench offload (ZeRO-3 + CPU offload of optimizer and params)"
+mpirun "${mpi_flags[@]}" -np 2 build/bin/zero3 bench offload --offload-param --repeats 2 --steps 2 --d-model 128 --layers 2

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench_model.hpp"
+#include "bench_trainer.hpp"
 #include "commands.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
@@ -36,7 +37,6 @@ struct BenchOptions {
 };
 
 constexpr std::uint64_t kSeed = 42;
-constexpr std::uint64_t kDataSeed = 7;
 constexpr double kLr = 1e-3;
 constexpr double kBeta1 = 0.9;
 constexpr double kBeta2 = 0.999;
@@ -79,62 +79,6 @@ config::Config engine_config(const BenchOptions& o, int world_size) {
   }
   return *r.config;
 }
-
-model::Batch<float> batch_for(const model::ModelConfig& mc, const comm::World& world, int micro_batch,
-                              std::int64_t step) {
-  return model::make_batch<float>(mc, kDataSeed, step, model::micro_batch_ids(world.rank, world.size, 0, micro_batch));
-}
-
-// ---- zero3: the model through the engine's gather and grad scopes --------------------------------------
-class Zero3Trainer {
- public:
-  Zero3Trainer(const config::Config& config, const comm::World& world, const model::ModelConfig& mc,
-               const std::vector<UnitSpec>& units)
-      : world_(world), mc_(mc), units_(units), net_(mc), engine_(config, world) {
-    for (const UnitSpec& u : units_) engine_.add_unit(u);
-    engine_.finalize();
-  }
-
-  Engine& engine() { return engine_; }
-
-  // One optimizer step; returns this rank's loss.
-  double step(std::int64_t s) {
-    Stream& cs = engine_.compute_stream();
-    auto batch = std::make_shared<const model::Batch<float>>(
-        batch_for(mc_, world_, static_cast<int>(engine_.config().batch.train_micro_batch_size_per_gpu), s));
-    cs.launch_host([this, batch] { net_.set_batch(*batch); });
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      Engine::GatherScope g = engine_.gather(units_[u].name);
-      std::vector<const float*> params;
-      for (const ParamSpec& p : units_[u].params) params.push_back(g.param(p.name).as<const float>());
-      cs.launch_host([this, u, params] { net_.forward(u, params); });
-    }
-    cs.launch_host([this] { loss_ = static_cast<double>(net_.loss()); });
-    const auto seed = static_cast<float>(engine_.loss_multiplier());
-    for (std::size_t u = units_.size(); u-- > 0;) {
-      Engine::GatherScope g = engine_.gather(units_[u].name);
-      Engine::GradScope gr = engine_.grads(units_[u].name);
-      std::vector<const float*> params;
-      std::vector<float*> grads;
-      for (const ParamSpec& p : units_[u].params) {
-        params.push_back(g.param(p.name).as<const float>());
-        grads.push_back(gr.grad(p.name).as<float>());
-      }
-      cs.launch_host([this, u, params, grads, seed] { net_.backward(u, params, grads, seed); });
-    }
-    engine_.step();
-    cs.synchronize();
-    return loss_;
-  }
-
- private:
-  comm::World world_;
-  model::ModelConfig mc_;
-  std::vector<UnitSpec> units_;
-  model::Network<float> net_;  // used by compute-stream work: outlives the engine, which waits for it
-  double loss_ = 0.0;
-  Engine engine_;
-};
 
 // ---- plain: whole fp32 buffers, no sharding, the same model code and optimizer kernels ------------------
 class PlainTrainer {
@@ -345,6 +289,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1'000'000));
   engine->callback([opt] { run_bench(*opt); });
+  add_bench_cpu_optimizer_command(*bench);
+  add_bench_offload_command(*bench);
 }
 
 }  // namespace zero3::tools

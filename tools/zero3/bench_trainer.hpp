@@ -1,0 +1,73 @@
+// The test model (bench_model.hpp) trained through the engine's gather and grad scopes, for the benchmarks:
+// forward and backward run as host functions on the engine's compute stream (host device), so the
+// engine's streams, prefetch and reductions overlap them as they would a GPU's kernels. One thread drives
+// a Zero3Trainer.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "bench_model.hpp"
+#include "zero3/comm/world.hpp"
+#include "zero3/engine/engine.hpp"
+
+namespace zero3::tools {
+
+inline constexpr std::uint64_t kDataSeed = 7;
+
+inline model::Batch<float> batch_for(const model::ModelConfig& mc, const comm::World& world, int micro_batch,
+                                     std::int64_t step) {
+  return model::make_batch<float>(mc, kDataSeed, step, model::micro_batch_ids(world.rank, world.size, 0, micro_batch));
+}
+
+class Zero3Trainer {
+ public:
+  Zero3Trainer(const config::Config& config, const comm::World& world, const model::ModelConfig& mc,
+               const std::vector<UnitSpec>& units)
+      : world_(world), mc_(mc), units_(units), net_(mc), engine_(config, world) {
+    for (const UnitSpec& u : units_) engine_.add_unit(u);
+    engine_.finalize();
+  }
+
+  Engine& engine() { return engine_; }
+
+  // One optimizer step; returns this rank's loss.
+  double step(std::int64_t s) {
+    Stream& cs = engine_.compute_stream();
+    auto batch = std::make_shared<const model::Batch<float>>(
+        batch_for(mc_, world_, static_cast<int>(engine_.config().batch.train_micro_batch_size_per_gpu), s));
+    cs.launch_host([this, batch] { net_.set_batch(*batch); });
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      Engine::GatherScope g = engine_.gather(units_[u].name);
+      std::vector<const float*> params;
+      for (const ParamSpec& p : units_[u].params) params.push_back(g.param(p.name).as<const float>());
+      cs.launch_host([this, u, params] { net_.forward(u, params); });
+    }
+    cs.launch_host([this] { loss_ = static_cast<double>(net_.loss()); });
+    const auto seed = static_cast<float>(engine_.loss_multiplier());
+    for (std::size_t u = units_.size(); u-- > 0;) {
+      Engine::GatherScope g = engine_.gather(units_[u].name);
+      Engine::GradScope gr = engine_.grads(units_[u].name);
+      std::vector<const float*> params;
+      std::vector<float*> grads;
+      for (const ParamSpec& p : units_[u].params) {
+        params.push_back(g.param(p.name).as<const float>());
+        grads.push_back(gr.grad(p.name).as<float>());
+      }
+      cs.launch_host([this, u, params, grads, seed] { net_.backward(u, params, grads, seed); });
+    }
+    engine_.step();
+    cs.synchronize();
+    return loss_;
+  }
+
+ private:
+  comm::World world_;
+  model::ModelConfig mc_;
+  std::vector<UnitSpec> units_;
+  model::Network<float> net_;  // used by compute-stream work: outlives the engine, which waits for it
+  double loss_ = 0.0;
+  Engine engine_;
+};
+
+}  // namespace zero3::tools
