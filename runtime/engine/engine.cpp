@@ -281,6 +281,10 @@ void Engine::Impl::finalize() {
   const engine::GradReducer::Context reduce_context{*layout,      config,  *device, *communicator, *compute,
                                                     *comm_stream, *events, dtype,   comm_dtype,    stats};
   reducer = std::make_unique<engine::GradReducer>(reduce_context, optimizer_step->optimizer());
+  // The first forward reads what finalize() left on the comm stream (offloaded params: the persistent
+  // units' device copies).
+  comm_stream->record(*step_done);
+  compute->wait(*step_done);
   stats.total_elems = layout->total_elems;
   stats.persistent_elems = layout->persistent_elems;
   specs.clear();
