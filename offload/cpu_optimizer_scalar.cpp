@@ -11,16 +11,6 @@ namespace {
 
 struct NoParam {};
 
-inline float to_float(float v) {
-  return v;
-}
-inline float to_float(bf16_t v) {
-  return bf16_to_float(v);
-}
-inline float to_float(fp16_t v) {
-  return fp16_to_float(v);
-}
-
 inline void store(float* out, std::size_t i, float v) {
   out[i] = v;
 }

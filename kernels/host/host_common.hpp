@@ -49,16 +49,6 @@ void for_ranges(std::size_t n, const Fn& fn) {
                     [&](const tbb::blocked_range<std::size_t>& r) { fn(r.begin(), r.end()); });
 }
 
-inline float to_float(float v) {
-  return v;
-}
-inline float to_float(bf16_t v) {
-  return bf16_to_float(v);
-}
-inline float to_float(fp16_t v) {
-  return fp16_to_float(v);
-}
-
 template <typename T>
 T from_float(float v);
 template <>

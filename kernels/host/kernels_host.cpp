@@ -26,7 +26,6 @@ using host::for_ranges;
 using host::from_float;
 using host::kParallelMinElems;
 using host::kUseTbb;
-using host::to_float;
 using host::with_type;
 
 // sum_squares sums fixed chunks of this many elements, then adds the chunk sums in chunk order: the

@@ -20,22 +20,6 @@ namespace {
 
 using config::OffloadDevice;
 
-std::string_view kind_name(TensorKind kind) {
-  switch (kind) {
-    case TensorKind::param:
-      return "param";
-    case TensorKind::master:
-      return "master";
-    case TensorKind::exp_avg:
-      return "exp_avg";
-    case TensorKind::exp_avg_sq:
-      return "exp_avg_sq";
-    case TensorKind::grad:
-      return "grad";
-  }
-  return "?";
-}
-
 // What the engine cannot run, as ConfigErrors naming the key.
 void check_config(const config::Config& config, const comm::World& world) {
   if (config.zero.stage != 3) {
@@ -368,7 +352,7 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
     throw UsageError(
         fmt::format("gather_tensor('{}', {}): param '{}' of unit '{}' is frozen (trainable = false): it "
                     "has no gradient and no optimizer state",
-                    name, kind_name(kind), name, unit.name));
+                    name, tensor_kind_name(kind), name, unit.name));
   }
   // The rank's slice of this kind, copied into device memory (wherever it lives: device, host chunks)
   // so the all-gather reads it from where every backend can.
@@ -380,8 +364,9 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
     source = &opt.pieces(kind);
     source_dtype = DType::f32;
     if (source->empty()) {
-      throw UsageError(fmt::format("gather_tensor('{}', {}): the {} optimizer keeps no {}", name, kind_name(kind),
-                                   config::to_string(config.optimizer->type), kind_name(kind)));
+      throw UsageError(fmt::format("gather_tensor('{}', {}): the {} optimizer keeps no {}", name,
+                                   tensor_kind_name(kind), config::to_string(config.optimizer->type),
+                                   tensor_kind_name(kind)));
     }
   }
   comm_stream->synchronize();
@@ -407,6 +392,22 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
 }
 
 // ---------------------------------------------------------------- Engine
+
+std::string_view tensor_kind_name(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::param:
+      return "param";
+    case TensorKind::master:
+      return "master";
+    case TensorKind::exp_avg:
+      return "exp_avg";
+    case TensorKind::exp_avg_sq:
+      return "exp_avg_sq";
+    case TensorKind::grad:
+      return "grad";
+  }
+  return "?";
+}
 
 Engine::Engine(const config::Config& config, const comm::World& world, EngineResources resources)
     : impl_(std::make_unique<Impl>(config, world, std::move(resources))) {}

@@ -203,21 +203,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     }
   }
 
-  const StatePieces& pieces(TensorKind kind) const override {
-    switch (kind) {
-      case TensorKind::master:
-        return master_pieces_;
-      case TensorKind::exp_avg:
-        return exp_avg_pieces_;
-      case TensorKind::exp_avg_sq:
-        return exp_avg_sq_pieces_;
-      case TensorKind::grad:
-        return acc_pieces_;
-      case TensorKind::param:
-        break;
-    }
-    return none_;
-  }
+  const StatePieces& pieces(TensorKind kind) const override { return tensors_.get(kind); }
 
   void set_final_micro_step(bool final) override { final_ = final; }
 
@@ -337,10 +323,10 @@ class OffloadShardOptimizer final : public ShardOptimizer {
       for (const HostChunk& c : chunks_) out.push_back({c.offset, (c.*member).view()});
       return out;
     };
-    master_pieces_ = collect(TensorKind::master, &HostChunk::master, true);
-    exp_avg_pieces_ = collect(TensorKind::exp_avg, &HostChunk::exp_avg, has_m);
-    exp_avg_sq_pieces_ = collect(TensorKind::exp_avg_sq, &HostChunk::exp_avg_sq, has_v);
-    acc_pieces_ = collect(TensorKind::grad, &HostChunk::acc, true);
+    tensors_.master = collect(TensorKind::master, &HostChunk::master, true);
+    tensors_.exp_avg = collect(TensorKind::exp_avg, &HostChunk::exp_avg, has_m);
+    tensors_.exp_avg_sq = collect(TensorKind::exp_avg_sq, &HostChunk::exp_avg_sq, has_v);
+    tensors_.grad = collect(TensorKind::grad, &HostChunk::acc, true);
   }
 
   const HostChunk& chunk_at(std::size_t at) const {
@@ -474,7 +460,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   bool final_ = false;
   std::map<std::size_t, Arrival> window_;
   std::deque<offload::GradStats> stats_;
-  StatePieces master_pieces_, acc_pieces_, exp_avg_pieces_, exp_avg_sq_pieces_, none_;
+  StateTensors tensors_;
   HostWorker worker_;  // last: joined first, while everything its tasks touch still exists
 };
 

@@ -26,27 +26,13 @@ class DeviceShardOptimizer final : public ShardOptimizer {
       if (!b->empty()) kernels::fill(stream, b->view(), 0.0f);
     }
     const auto one = [](const Buffer& b) { return b.empty() ? StatePieces{} : StatePieces{{0, b.view()}}; };
-    master_pieces_ = one(master_);
-    acc_pieces_ = one(acc_);
-    exp_avg_pieces_ = one(exp_avg_);
-    exp_avg_sq_pieces_ = one(exp_avg_sq_);
+    tensors_.master = one(master_);
+    tensors_.grad = one(acc_);
+    tensors_.exp_avg = one(exp_avg_);
+    tensors_.exp_avg_sq = one(exp_avg_sq_);
   }
 
-  const StatePieces& pieces(TensorKind kind) const override {
-    switch (kind) {
-      case TensorKind::master:
-        return master_pieces_;
-      case TensorKind::exp_avg:
-        return exp_avg_pieces_;
-      case TensorKind::exp_avg_sq:
-        return exp_avg_sq_pieces_;
-      case TensorKind::grad:
-        return acc_pieces_;
-      case TensorKind::param:
-        break;
-    }
-    return none_;
-  }
+  const StatePieces& pieces(TensorKind kind) const override { return tensors_.get(kind); }
 
   void accumulate(std::size_t offset, ConstBufferView reduced, Stream& stream) override {
     if (reduced.count == 0) return;
@@ -104,7 +90,7 @@ class DeviceShardOptimizer final : public ShardOptimizer {
   Buffer acc_;
   Buffer exp_avg_;
   Buffer exp_avg_sq_;
-  StatePieces master_pieces_, acc_pieces_, exp_avg_pieces_, exp_avg_sq_pieces_, none_;
+  StateTensors tensors_;
 };
 
 }  // namespace

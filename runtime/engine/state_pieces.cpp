@@ -4,6 +4,23 @@
 
 namespace zero3::engine {
 
+const StatePieces& StateTensors::get(TensorKind kind) const {
+  static const StatePieces kNone;
+  switch (kind) {
+    case TensorKind::master:
+      return master;
+    case TensorKind::exp_avg:
+      return exp_avg;
+    case TensorKind::exp_avg_sq:
+      return exp_avg_sq;
+    case TensorKind::grad:
+      return grad;
+    case TensorKind::param:
+      break;
+  }
+  return kNone;
+}
+
 void copy_from_pieces(Device& device, const StatePieces& pieces, std::size_t offset, BufferView dst, Stream& stream) {
   const std::size_t end = offset + dst.count;
   for (const StatePiece& p : pieces) {

@@ -8,6 +8,7 @@
 
 #include "zero3/core/buffer_view.hpp"
 #include "zero3/device/device.hpp"
+#include "zero3/engine/engine.hpp"
 
 namespace zero3::engine {
 
@@ -18,6 +19,15 @@ struct StatePiece {
   BufferView view;
 };
 using StatePieces = std::vector<StatePiece>;
+
+// The state-order tensors of a ShardOptimizer, looked up by kind (an empty set for a kind it lacks).
+struct StateTensors {
+  StatePieces master;
+  StatePieces exp_avg;
+  StatePieces exp_avg_sq;
+  StatePieces grad;  // the fp32 gradient accumulators
+  const StatePieces& get(TensorKind kind) const;
+};
 
 // Enqueues on `stream` copies of elements [offset, offset + dst.count) of `pieces` into dst (any memory kinds).
 void copy_from_pieces(Device& device, const StatePieces& pieces, std::size_t offset, BufferView dst, Stream& stream);

@@ -61,22 +61,6 @@ std::vector<TensorKind> state_kinds(const config::Config& cfg) {
   }
 }
 
-const char* kind_name(TensorKind k) {
-  switch (k) {
-    case TensorKind::master:
-      return "master";
-    case TensorKind::param:
-      return "param";
-    case TensorKind::exp_avg:
-      return "exp_avg";
-    case TensorKind::exp_avg_sq:
-      return "exp_avg_sq";
-    case TensorKind::grad:
-      return "grad";
-  }
-  return "?";
-}
-
 // Every tensor of every param of both engines (collective, same order on every rank); counts the
 // tensors that are not bitwise equal and names the first.
 int compare_all(Engine& offloaded, Engine& on_device, const std::vector<TensorKind>& kinds, const std::string& what,
@@ -92,7 +76,7 @@ int compare_all(Engine& offloaded, Engine& on_device, const std::vector<TensorKi
         if (at < 0) continue;
         ++differing;
         UNSCOPED_INFO(fmt::format("{}: {} of {} differs at [{}]: offloaded {:.9g} vs on-device {:.9g}", what,
-                                  kind_name(k), p.name, at, a.empty() ? 0.0f : a[static_cast<std::size_t>(at)],
+                                  tensor_kind_name(k), p.name, at, a.empty() ? 0.0f : a[static_cast<std::size_t>(at)],
                                   b.empty() ? 0.0f : b[static_cast<std::size_t>(at)]));
       }
     }
@@ -249,7 +233,7 @@ TEST_CASE("fp16 overflow with offload: the step is skipped and the CPU state sta
     if (inject) {
       CHECK(a.next_loss_scale == a.loss_scale / 2);
       for (std::size_t i = 0; i < kinds.size(); ++i) {
-        INFO(kind_name(kinds[i]));
+        INFO(tensor_kind_name(kinds[i]));
         CHECK(first_difference(off.engine().gather_tensor(victim, kinds[i]), before[i]) == -1);
       }
     }

@@ -66,18 +66,7 @@ config::Config engine_config(const BenchOptions& o, int world_size) {
           "zero_optimization": {{"stage": 3, "stage3_max_reuse_distance": 0}},
           "zero3": {{"seed": {}, "device": "host"}}}})",
       o.micro_batch, kClip, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kSeed);
-  config::ParseOptions options;
-  options.world_size = world_size;
-  options.world_size_source = "the job";
-  options.source_name = "zero3 bench engine";
-  const config::ParseResult r = config::parse_config_text(text, options);
-  if (!r.runnable()) {
-    std::string msg;
-    for (const auto& d : r.errors) msg += "\n  " + config::format_diagnostic("error", d);
-    for (const auto& d : r.not_implemented) msg += "\n  " + config::format_diagnostic("not implemented", d);
-    throw Error(fmt::format("zero3 bench engine: its built-in config was rejected:{}", msg));
-  }
-  return *r.config;
+  return parse_builtin_config(text, world_size, "zero3 bench engine");
 }
 
 // ---- plain: whole fp32 buffers, no sharding, the same model code and optimizer kernels ------------------

@@ -49,18 +49,7 @@ config::Config bench_config(const OffloadBenchOptions& o, int world_size, bool o
           "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3, "weight_decay": 0.01}}}},
           "zero_optimization": {{{}}}, "zero3": {{"seed": 42, "device": "host"}}}})",
       o.micro_batch, offload ? "true" : "false", zero);
-  config::ParseOptions options;
-  options.world_size = world_size;
-  options.world_size_source = "the job";
-  options.source_name = "zero3 bench offload";
-  const config::ParseResult r = config::parse_config_text(text, options);
-  if (!r.runnable()) {
-    std::string msg;
-    for (const auto& d : r.errors) msg += "\n  " + config::format_diagnostic("error", d);
-    for (const auto& d : r.not_implemented) msg += "\n  " + config::format_diagnostic("not implemented", d);
-    throw Error(fmt::format("zero3 bench offload: its built-in config was rejected:{}", msg));
-  }
-  return *r.config;
+  return parse_builtin_config(text, world_size, "zero3 bench offload");
 }
 
 double median(std::vector<double> v) {

@@ -100,6 +100,17 @@ inline float fp16_to_float(fp16_t h) {
   return bits_float(sign | ((exp + 127u - 15u) << 23) | (man << 13));
 }
 
+// The fp32 value of a stored element, overloaded per storage type, for loops templated on it.
+inline float to_float(float v) {
+  return v;
+}
+inline float to_float(bf16_t v) {
+  return bf16_to_float(v);
+}
+inline float to_float(fp16_t v) {
+  return fp16_to_float(v);
+}
+
 // Round-trip helpers by dtype tag, for code that handles all three types uniformly.
 inline float load_as_float(const void* p, DType t, std::size_t i) {
   switch (t) {

@@ -117,6 +117,8 @@ struct EngineStats {
 // exp_avg_sq is Adam's second moment and Adagrad's sum of squared gradients. A frozen param has no master:
 // its `master` is its param (compute dtype, widened to fp32).
 enum class TensorKind { param, master, exp_avg, exp_avg_sq, grad };
+// "param", "master", "exp_avg", "exp_avg_sq", "grad".
+std::string_view tensor_kind_name(TensorKind kind);
 
 // Optional pieces a trainer can hand in instead of letting the engine make them from the config.
 struct EngineResources {
