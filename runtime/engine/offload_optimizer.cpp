@@ -27,6 +27,10 @@ constexpr std::size_t kChunkElems = offload::kPinnedChunkBytes / sizeof(float);
 // worker accumulates the previous ones.
 constexpr std::size_t kSlots = 4;
 constexpr std::size_t kSlotElems = std::size_t{1} << 22;
+// The step's pipeline granularity: the CPU steps this many elements, then their params' host-to-device
+// copy is enqueued and overlaps the next slice's step (finer than sub_group_size, whose default of 1e9
+// would leave the whole copy after the CPU work).
+constexpr std::size_t kPipelineElems = std::size_t{1} << 20;
 // Gradient accumulation tiles (reduce_tiles: the statistics are summed per tile, in tile order).
 constexpr std::size_t kGradTileElems = std::size_t{1} << 15;
 
@@ -277,33 +281,37 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     worker_.drain();
     const offload::SimdPath simd = host_.simd();
     for (HostChunk& c : chunks_) {
-      const auto start = Timeline::Clock::now();
       void* out = nullptr;
       if (params_on_device_) {
         out = c.params.data();
       } else {
         out = static_cast<std::byte*>(params.data) + c.offset * size_of(params.dtype);
       }
-      const auto first_segment =
-          std::lower_bound(segments_.begin(), segments_.end(), c.offset,
-                           [](const StateSegment& s, std::size_t at) { return s.offset + s.count <= at; });
-      host_.pool().for_tiles(c.count, offload::kCpuStepTileElems, [&](std::size_t b, std::size_t e) {
-        const std::size_t tb = c.offset + b;
-        const std::size_t te = c.offset + e;
-        for (auto seg = first_segment; seg != segments_.end() && seg->offset < te; ++seg) {
-          const std::size_t sb = std::max(tb, seg->offset);
-          const std::size_t se = std::min(te, seg->offset + seg->count);
-          if (sb >= se) continue;
-          step_range(simd, args, *seg, c, sb - c.offset, se - sb, out);
+      // Slices of at most kPipelineElems: each slice's params go to the device on the comm stream while the
+      // CPU steps the next one, so only the last slice's copy is left after the CPU work.
+      for (std::size_t s0 = 0; s0 < c.count; s0 += kPipelineElems) {
+        const std::size_t n = std::min(kPipelineElems, c.count - s0);
+        const auto start = Timeline::Clock::now();
+        const auto first_segment =
+            std::lower_bound(segments_.begin(), segments_.end(), c.offset + s0,
+                             [](const StateSegment& seg, std::size_t at) { return seg.offset + seg.count <= at; });
+        host_.pool().for_tiles(n, offload::kCpuStepTileElems, [&](std::size_t b, std::size_t e) {
+          const std::size_t tb = c.offset + s0 + b;
+          const std::size_t te = c.offset + s0 + e;
+          for (auto seg = first_segment; seg != segments_.end() && seg->offset < te; ++seg) {
+            const std::size_t sb = std::max(tb, seg->offset);
+            const std::size_t se = std::min(te, seg->offset + seg->count);
+            if (sb >= se) continue;
+            step_range(simd, args, *seg, c, sb - c.offset, se - sb, out);
+          }
+        });
+        timeline_.host(Timeline::Lane::cpu, start, Timeline::Clock::now());
+        if (params_on_device_) {
+          const std::uint64_t copy = timeline_.begin(stream, Timeline::Lane::h2d);
+          device_.copy_async(params.slice(c.offset + s0, n), c.params.cview().slice(s0, n), stream);
+          timeline_.end(stream, copy);
+          timeline_.add_bytes(Timeline::Lane::h2d, n * size_of(compute_dtype_));
         }
-      });
-      timeline_.host(Timeline::Lane::cpu, start, Timeline::Clock::now());
-      // This chunk's params go to the device on the comm stream while the CPU steps the next chunk.
-      if (params_on_device_) {
-        const std::uint64_t copy = timeline_.begin(stream, Timeline::Lane::h2d);
-        device_.copy_async(params.slice(c.offset, c.count), c.params.cview(), stream);
-        timeline_.end(stream, copy);
-        timeline_.add_bytes(Timeline::Lane::h2d, c.params.size_bytes());
       }
     }
   }
