@@ -7,8 +7,9 @@
 // stream as soon as it is reduced (during backward), and a host worker accumulates it into the fp32
 // accumulators (the first arrival of a window overwrites, so no zeroing pass), taking the norm and
 // overflow statistics in the same pass in the window's last micro-batch. At the boundary the CPU steps
-// the host region chunk by chunk (chunks never cross a sub_group_size boundary), and each chunk's new
-// low-precision params are copied host-to-device on the comm stream while the CPU steps the next.
+// the host region in slices of at most 1 Mi elements (chunks never cross a sub_group_size boundary), and
+// each slice's new low-precision params are copied host-to-device on the comm stream while the CPU steps
+// the next.
 // offload_optimizer.ratio < 1 keeps the first sub-groups on the device (DeepSpeed: sub-group i goes to the
 // CPU when i >= int((1 - ratio) * n)), stepped by the device kernels concurrently with the CPU.
 // Engine thread only (plus the worker and the CPU pool, internal).
