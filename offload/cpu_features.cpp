@@ -1,6 +1,9 @@
 // Which SIMD path the CPU optimizer may use: compiled in (x86-64 builds carry all three) and supported by
 // this CPU, asked through GCC's __builtin_cpu_supports, which also checks that the OS saves the wide
 // registers (XGETBV). ZERO3_CPU_SIMD may narrow the choice, e.g. to compare paths on one machine.
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -16,10 +19,20 @@ namespace {
 constexpr const char* kEnvVar = "ZERO3_CPU_SIMD";
 constexpr SimdPath kAllPaths[] = {SimdPath::scalar, SimdPath::avx2, SimdPath::avx512};
 
+// F16C (cpuid leaf 1, ECX bit 29), read directly: not every compiler's __builtin_cpu_supports knows it.
+bool cpu_has_f16c() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+#else
+  return false;
+#endif
+}
+
 bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && cpu_has_f16c();
 #else
   return false;
 #endif
@@ -29,7 +42,7 @@ bool cpu_has_avx512() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c");
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && cpu_has_f16c();
 #else
   return false;
 #endif
@@ -79,7 +92,7 @@ SimdPath best_simd_path() {
   for (SimdPath p : kAllPaths) {
     if (simd_path_supported(p)) widest = p;
   }
-  const char* env = std::getenv(kEnvVar);
+  const char* env = std::getenv(kEnvVar);  // NOLINT(concurrency-mt-unsafe): zero3 never writes the environment
   if (env == nullptr || *env == '\0') return widest;
   const std::string_view asked(env);
   for (SimdPath p : kAllPaths) {

@@ -86,10 +86,10 @@ struct Avx2 {
   struct StatAcc {
     __m256d acc[4];
     void load(const StatLanes& l) {
-      for (int j = 0; j < 4; ++j) acc[j] = _mm256_loadu_pd(l.lane + 4 * j);
+      for (std::size_t j = 0; j < 4; ++j) acc[j] = _mm256_loadu_pd(l.lane + 4 * j);
     }
     void store(StatLanes& l) const {
-      for (int j = 0; j < 4; ++j) _mm256_storeu_pd(l.lane + 4 * j, acc[j]);
+      for (std::size_t j = 0; j < 4; ++j) _mm256_storeu_pd(l.lane + 4 * j, acc[j]);
     }
     void add(F x, std::size_t k) {
       const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(x));

@@ -183,7 +183,7 @@ std::size_t accumulate_loop(float* acc, const S* src, float alpha, std::size_t n
   using F = typename V::F;
   constexpr std::size_t kPerBlock = kStatLanes / V::kWidth;
   const F a = V::set1(alpha);
-  [[maybe_unused]] typename V::StatAcc stats;
+  [[maybe_unused]] typename V::StatAcc stats{};
   if constexpr (kStats) stats.load(*lanes);
   std::size_t i = 0;
   for (; i + kStatLanes <= n; i += kStatLanes) {
@@ -201,7 +201,7 @@ std::size_t accumulate_loop(float* acc, const S* src, float alpha, std::size_t n
 template <typename V>
 std::size_t grad_stats_loop(const float* acc, std::size_t n, StatLanes& lanes) {
   constexpr std::size_t kPerBlock = kStatLanes / V::kWidth;
-  typename V::StatAcc stats;
+  typename V::StatAcc stats{};
   stats.load(lanes);
   std::size_t i = 0;
   for (; i + kStatLanes <= n; i += kStatLanes) {

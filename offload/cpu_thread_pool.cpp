@@ -16,6 +16,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "zero3/core/error.hpp"
@@ -45,7 +46,7 @@ cpu_set_t allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) != 0) {
-    throw Error(fmt::format("sched_getaffinity failed: {}", std::strerror(errno)));
+    throw Error(fmt::format("sched_getaffinity failed: {}", std::generic_category().message(errno)));
   }
   return set;
 }

@@ -40,7 +40,7 @@ class Timeline {
 
  private:
   struct Interval {
-    Lane lane;
+    Lane lane = Lane::cpu;
     Clock::time_point start;
     Clock::time_point end;
     bool started = false;

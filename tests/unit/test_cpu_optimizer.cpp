@@ -315,7 +315,7 @@ struct HostRig {
 
 // The first differing element of two same-sized arrays of `elem_size`-byte elements, or -1.
 long first_diff(const void* a, const void* b, std::size_t bytes, std::size_t elem_size) {
-  if (std::memcmp(a, b, bytes) == 0) return -1;
+  if (bytes == 0 || std::memcmp(a, b, bytes) == 0) return -1;  // empty vectors may hand out null data()
   const auto* pa = static_cast<const std::uint8_t*>(a);
   const auto* pb = static_cast<const std::uint8_t*>(b);
   for (std::size_t i = 0; i < bytes; i += elem_size) {
