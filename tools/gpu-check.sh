@@ -21,6 +21,7 @@ packages=(
   libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libevent-core-2.1-7 libevent-pthreads-2.1-7
   libevent-2.1-7 libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200
   libnl-route-3-200 libmunge2
+  libopenblas-dev libopenblas-pthread-dev libopenblas0-pthread libopenblas0 libgfortran5
 )
 
 prepare() {
@@ -42,7 +43,7 @@ run() {
   local multiarch=lib/x86_64-linux-gnu
   export OPAL_PREFIX=$prefix/usr  # Open MPI finds its components and help files relative to this
   export PATH=$prefix/usr/bin:$PATH
-  export LD_LIBRARY_PATH=$prefix/usr/$multiarch:$prefix/usr/$multiarch/openmpi/lib:${LD_LIBRARY_PATH:-}
+  export LD_LIBRARY_PATH=$prefix/usr/$multiarch:$prefix/usr/$multiarch/openmpi/lib:$prefix/usr/$multiarch/openblas-pthread:${LD_LIBRARY_PATH:-}
   local nproc_=$(nproc)
   local start=$(date +%s)
   cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZERO3_WERROR=OFF \

@@ -11,6 +11,7 @@ void add_config_command(CLI::App& app);  // zero3 config check, keys, lr-schedul
 void add_demo_command(CLI::App& app);    // zero3 demo: sharded collectives over the ranks of the job
 void add_info_command(CLI::App& app);    // zero3 info: build, backends, devices, topology
 void add_bench_command(CLI::App& app);   // zero3 bench engine: zero3 vs plain buffers, side by side
+void add_train_command(CLI::App& app);   // zero3 train: the GPT of a config through the engine
 // zero3 bench cpu-optimizer (registered by add_bench_command on its `bench` subcommand)
 void add_bench_cpu_optimizer_command(CLI::App& bench);
 // zero3 bench offload: step time with and without CPU offload, and the copies hidden behind other work

@@ -1,0 +1,146 @@
+// A GPT (pre-LayerNorm decoder-only transformer) computed on the host, for `zero3 train`.
+// gpt_units() declares the engine units (embed, blocks.{i}, head) with their named params; a GptModel runs
+// forward and backward one unit at a time from the full params the engine gathered, keeping the
+// activations backward needs between the calls. The model owns only activations and scratch, never params
+// or grads. One thread drives a GptModel; its matrix products run on OpenBLAS's own threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "zero3/engine/engine.hpp"
+
+namespace zero3::models {
+
+struct GptConfig {
+  int vocab_size = 0;  // token ids are in [0, vocab_size)
+  int seq_len = 0;     // context length: the longest sequence a batch may hold (rows of wpe)
+  int layers = 0;      // transformer blocks
+  int hidden = 0;      // d_model, the width of the residual stream
+  int heads = 0;       // attention heads; hidden must be a multiple
+  int mlp_ratio = 4;   // the MLP's inner width is mlp_ratio * hidden
+
+  int head_dim() const { return hidden / heads; }
+  int mlp_hidden() const { return mlp_ratio * hidden; }
+};
+
+// Throws ConfigError naming the field ("zero3.model.hidden") for a config no GPT can be built from:
+// a non-positive size, or hidden not a multiple of heads.
+void validate(const GptConfig& config);
+
+// The units in forward order; within a unit, the params in the order GptModel takes them. All weights
+// are row-major [out, in] (y = x W^T + b), as in PyTorch's nn.Linear.
+//   "embed":     wte.weight [vocab, hidden] normal(0.02), wpe.weight [seq_len, hidden] normal(0.01)
+//   "blocks.i":  blocks.i.ln1.weight [hidden] ones, blocks.i.ln1.bias [hidden] zeros,
+//                blocks.i.attn.qkv.weight [3 hidden, hidden] normal(0.02) (rows: q, then k, then v; head h
+//                owns rows h*head_dim .. of each), blocks.i.attn.qkv.bias [3 hidden] zeros,
+//                blocks.i.attn.proj.weight [hidden, hidden] normal(0.02 / sqrt(2 layers)), .attn.proj.bias,
+//                blocks.i.ln2.weight, .ln2.bias, blocks.i.mlp.fc.weight [4 hidden, hidden] normal(0.02),
+//                .mlp.fc.bias [4 hidden], blocks.i.mlp.proj.weight [hidden, 4 hidden]
+//                normal(0.02 / sqrt(2 layers)), .mlp.proj.bias [hidden]
+//   "head":      ln_f.weight [hidden] ones, ln_f.bias [hidden] zeros, lm_head.weight [vocab, hidden]
+//                normal(0.02); untied from wte so that no param belongs to two units.
+// Biases and LayerNorm params take no weight decay.
+std::vector<UnitSpec> gpt_units(const GptConfig& config);
+// Elements of all params of the model.
+std::size_t gpt_num_params(const GptConfig& config);
+
+// OpenBLAS's thread count, process-wide (it has one pool). The trainer sets it; by default it is what
+// OpenBLAS chose (OPENBLAS_NUM_THREADS or the core count). Throws UsageError for threads < 1.
+void set_blas_threads(int threads);
+int blas_threads();
+
+// Forward and backward of the GPT on one micro-batch of `batch` sequences of `len` tokens, unit by unit.
+// Training: set_batch(.., Pass::train); forward_unit(u, params) for u = 0 .. num_units()-1; loss();
+// backward_unit(u, ...) for u = num_units()-1 .. 0. Evaluation (held-out loss): set_batch(.., Pass::eval);
+// forward_unit for every unit; loss(). An eval pass keeps only the residual stream of the current unit
+// and reuses one block's buffers, so it needs far less memory; backward_unit after it throws.
+// `params[k]` points at the full k-th param of unit u, in gpt_units() order. Out-of-order calls and
+// wrong counts throw UsageError naming the unit.
+template <typename T>
+class GptModel {
+ public:
+  enum class Pass : std::uint8_t { train, eval };
+
+  explicit GptModel(const GptConfig& config);
+
+  const GptConfig& config() const { return config_; }
+  std::size_t num_units() const { return static_cast<std::size_t>(config_.layers) + 2; }
+
+  // Copies the batch: tokens and targets are [batch, len] row-major, each id in [0, vocab_size);
+  // 1 <= len <= seq_len. Throws UsageError naming the first bad id or size.
+  void set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch, int len,
+                 Pass pass = Pass::train);
+  void forward_unit(std::size_t unit, std::span<const T* const> params);
+  // Mean cross-entropy over the batch's batch * len positions, in nats (valid after the head's forward).
+  T loss() const { return loss_; }
+  // The head's logits [batch, len, vocab] (valid after the head's forward until its backward, which
+  // overwrites them with their gradient) and each position's cross-entropy [batch, len].
+  std::span<const T> logits() const { return logits_; }
+  std::span<const T> position_losses() const { return position_loss_; }
+  // Backward of `unit` (reverse order, after every forward of a train pass). The head seeds the chain with
+  // dL/dlogits times `seed_scale` (the engine's loss multiplier: loss scale / accumulation steps).
+  // Accumulates (+=) each param's gradient into grads[k] (full size, all non-null; zero-filled by the
+  // caller for a plain gradient).
+  void backward_unit(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads, T seed_scale);
+
+  // Bytes of the activations and scratch this model holds now (allocated capacity): what a train pass
+  // keeps from forward to backward dominates; for the memory tracker's activations category.
+  std::size_t activation_bytes() const;
+
+ private:
+  // What one block keeps from forward for its backward; rows = batch * len.
+  struct BlockActs {
+    std::vector<T> ln1;       // [rows, hidden] LN1 output
+    std::vector<T> ln1_stat;  // [rows, 2] mean, 1/std
+    std::vector<T> qkv;       // [rows, 3 hidden]
+    std::vector<T> prob;      // [batch, heads, len, len] causal softmax (zeros above the diagonal)
+    std::vector<T> att;       // [rows, hidden] heads' outputs, concatenated, before the projection
+    std::vector<T> res1;      // [rows, hidden] residual stream after attention
+    std::vector<T> ln2;       // [rows, hidden]
+    std::vector<T> ln2_stat;  // [rows, 2]
+    std::vector<T> fc;        // [rows, 4 hidden] before GELU
+    std::vector<T> gelu;      // [rows, 4 hidden]
+  };
+
+  void check_unit_params(const char* what, std::size_t unit, std::size_t count) const;
+  void forward_embed(std::span<const T* const> params, T* out);
+  void forward_block(BlockActs& acts, std::span<const T* const> params, const T* in, T* out);
+  void forward_head(std::span<const T* const> params, const T* in);
+  void backward_embed(std::span<T* const> grads);
+  void backward_block(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads);
+  void backward_head(std::span<const T* const> params, std::span<T* const> grads, T seed_scale);
+
+  GptConfig config_;
+  Pass pass_ = Pass::train;
+  int batch_ = 0;
+  int len_ = 0;
+  std::vector<std::int32_t> tokens_;
+  std::vector<std::int32_t> targets_;
+  std::size_t next_forward_ = 0;   // the unit forward_unit expects next
+  std::size_t next_backward_ = 0;  // one past the unit backward_unit expects next; 0: none
+
+  // Train: residual_[u] is the input of unit u (residual_[num_units-1] feeds the head). Eval: only
+  // residual_[0] and residual_[1] are used, in turn.
+  std::vector<std::vector<T>> residual_;
+  std::vector<BlockActs> blocks_;  // train: one per block; eval: one, reused
+  std::vector<T> lnf_;             // [rows, hidden] final LayerNorm output
+  std::vector<T> lnf_stat_;        // [rows, 2]
+  std::vector<T> logits_;          // [rows, vocab]
+  std::vector<T> position_loss_;   // [rows]
+  T loss_ = 0;
+
+  // Backward scratch: the gradient flowing into the residual stream, and per-block temporaries.
+  std::vector<T> dresidual_;
+  std::vector<T> dwide_;    // [rows, 4 hidden]
+  std::vector<T> dnarrow_;  // [rows, hidden]
+  std::vector<T> dqkv_;     // [rows, 3 hidden]
+  std::vector<T> dprob_;    // [len, len] one (sequence, head) at a time
+};
+
+extern template class GptModel<float>;
+extern template class GptModel<double>;
+
+}  // namespace zero3::models

@@ -1,0 +1,395 @@
+// The GPT's units, param specs and the unit-by-unit forward and backward over the host kernels of
+// gpt_ops. Backward runs the residual stream's gradient through one buffer, in place: each block adds its
+// branches' input gradients to it, so no per-unit gradient copies are made.
+#include "zero3/models/gpt.hpp"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "gpt_ops.hpp"
+#include "zero3/core/error.hpp"
+
+namespace zero3::models {
+namespace {
+
+using ops::Index;
+
+constexpr double kInitStd = 0.02;
+constexpr double kPositionInitStd = 0.01;
+constexpr std::size_t kEmbedParams = 2;
+constexpr std::size_t kBlockParams = 12;
+constexpr std::size_t kHeadParams = 3;
+
+// Param positions within a block unit, in gpt_units() order.
+enum BlockParam : std::size_t {
+  kLn1Weight,
+  kLn1Bias,
+  kQkvWeight,
+  kQkvBias,
+  kAttnProjWeight,
+  kAttnProjBias,
+  kLn2Weight,
+  kLn2Bias,
+  kFcWeight,
+  kFcBias,
+  kMlpProjWeight,
+  kMlpProjBias,
+};
+
+Index idx(int v) {
+  return static_cast<Index>(v);
+}
+
+ParamSpec weight(std::string name, int rows, int cols, double std) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = {rows, cols};
+  p.init = ParamInit::normal(std);
+  return p;
+}
+ParamSpec vector_param(std::string name, int n, ParamInit init) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = {n};
+  p.init = std::move(init);
+  p.weight_decay = false;
+  return p;
+}
+
+void require_positive(int value, const char* field) {
+  if (value <= 0) throw ConfigError(fmt::format("zero3.model.{} must be positive, got {}", field, value));
+}
+
+}  // namespace
+
+void validate(const GptConfig& c) {
+  require_positive(c.vocab_size, "vocab_size");
+  require_positive(c.seq_len, "seq_len");
+  require_positive(c.layers, "layers");
+  require_positive(c.hidden, "hidden");
+  require_positive(c.heads, "heads");
+  require_positive(c.mlp_ratio, "mlp_ratio");
+  if (c.hidden % c.heads != 0) {
+    throw ConfigError(
+        fmt::format("zero3.model.hidden ({}) must be a multiple of zero3.model.heads ({})", c.hidden, c.heads));
+  }
+}
+
+std::vector<UnitSpec> gpt_units(const GptConfig& c) {
+  validate(c);
+  const int d = c.hidden;
+  const int f = c.mlp_hidden();
+  // GPT-2's scaling of the projections that write into the residual stream: 2 per block, so the stream's
+  // variance at init does not grow with depth.
+  const double residual_std = kInitStd / std::sqrt(2.0 * c.layers);
+  std::vector<UnitSpec> units;
+  units.push_back(
+      {"embed",
+       {weight("wte.weight", c.vocab_size, d, kInitStd), weight("wpe.weight", c.seq_len, d, kPositionInitStd)}});
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string u = fmt::format("blocks.{}", i);
+    units.push_back(
+        {u,
+         {vector_param(u + ".ln1.weight", d, ParamInit::ones()), vector_param(u + ".ln1.bias", d, ParamInit::zeros()),
+          weight(u + ".attn.qkv.weight", 3 * d, d, kInitStd),
+          vector_param(u + ".attn.qkv.bias", 3 * d, ParamInit::zeros()),
+          weight(u + ".attn.proj.weight", d, d, residual_std),
+          vector_param(u + ".attn.proj.bias", d, ParamInit::zeros()),
+          vector_param(u + ".ln2.weight", d, ParamInit::ones()), vector_param(u + ".ln2.bias", d, ParamInit::zeros()),
+          weight(u + ".mlp.fc.weight", f, d, kInitStd), vector_param(u + ".mlp.fc.bias", f, ParamInit::zeros()),
+          weight(u + ".mlp.proj.weight", d, f, residual_std),
+          vector_param(u + ".mlp.proj.bias", d, ParamInit::zeros())}});
+  }
+  units.push_back({"head",
+                   {vector_param("ln_f.weight", d, ParamInit::ones()), vector_param("ln_f.bias", d, ParamInit::zeros()),
+                    weight("lm_head.weight", c.vocab_size, d, kInitStd)}});
+  return units;
+}
+
+std::size_t gpt_num_params(const GptConfig& config) {
+  std::size_t total = 0;
+  for (const UnitSpec& unit : gpt_units(config)) {
+    for (const ParamSpec& p : unit.params) total += p.numel();
+  }
+  return total;
+}
+
+void set_blas_threads(int threads) {
+  if (threads < 1) throw UsageError(fmt::format("set_blas_threads: threads must be >= 1, got {}", threads));
+  openblas_set_num_threads(threads);
+}
+
+int blas_threads() {
+  return openblas_get_num_threads();
+}
+
+// ---- GptModel ----------------------------------------------------------------------------------------
+
+template <typename T>
+GptModel<T>::GptModel(const GptConfig& config) : config_(config) {
+  validate(config_);
+}
+
+template <typename T>
+void GptModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
+                            int len, Pass pass) {
+  if (batch < 1) throw UsageError(fmt::format("GptModel::set_batch: batch must be >= 1, got {}", batch));
+  if (len < 1 || len > config_.seq_len) {
+    throw UsageError(
+        fmt::format("GptModel::set_batch: len must be in [1, zero3.model.seq_len = {}], got {}", config_.seq_len, len));
+  }
+  const Index rows = idx(batch) * idx(len);
+  if (tokens.size() != rows || targets.size() != rows) {
+    throw UsageError(fmt::format("GptModel::set_batch: tokens ({}) and targets ({}) must hold batch * len = {} ids",
+                                 tokens.size(), targets.size(), rows));
+  }
+  for (Index i = 0; i < rows; ++i) {
+    for (const auto& [ids, what] : {std::pair{tokens, "tokens"}, std::pair{targets, "targets"}}) {
+      if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
+        throw UsageError(
+            fmt::format("GptModel::set_batch: {}[{}] (sequence {}, position {}) = {} is outside the "
+                        "vocabulary [0, {})",
+                        what, i, i / idx(len), i % idx(len), ids[i], config_.vocab_size));
+      }
+    }
+  }
+  tokens_.assign(tokens.begin(), tokens.end());
+  targets_.assign(targets.begin(), targets.end());
+  batch_ = batch;
+  len_ = len;
+  pass_ = pass;
+  next_forward_ = 0;
+  next_backward_ = 0;
+  const std::size_t streams = pass == Pass::train ? idx(config_.layers) + 1 : 2;
+  if (residual_.size() < streams) residual_.resize(streams);
+  const std::size_t block_sets = pass == Pass::train ? idx(config_.layers) : 1;
+  if (blocks_.size() < block_sets) blocks_.resize(block_sets);
+}
+
+template <typename T>
+void GptModel<T>::check_unit_params(const char* what, std::size_t unit, std::size_t count) const {
+  const std::size_t expected = unit == 0 ? kEmbedParams : unit + 1 == num_units() ? kHeadParams : kBlockParams;
+  if (count != expected) {
+    throw UsageError(fmt::format("GptModel::{}: unit {} takes {} params, got {}", what, unit, expected, count));
+  }
+}
+
+template <typename T>
+void GptModel<T>::forward_unit(std::size_t unit, std::span<const T* const> params) {
+  if (unit != next_forward_ || len_ == 0) {
+    throw UsageError(
+        fmt::format("GptModel::forward_unit: unit {} called, expected unit {} (units run in order "
+                    "after set_batch)",
+                    unit, next_forward_));
+  }
+  check_unit_params("forward_unit", unit, params.size());
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    if (params[k] == nullptr)
+      throw UsageError(fmt::format("GptModel::forward_unit: unit {} param {} is null", unit, k));
+  }
+  const Index rows = idx(batch_) * idx(len_);
+  const Index d = idx(config_.hidden);
+  const bool train = pass_ == Pass::train;
+  // Train keeps every unit's output; eval alternates two buffers (unit u writes u % 2).
+  auto stream = [&](std::size_t u) -> std::vector<T>& { return residual_[train ? u : u % 2]; };
+  if (unit == 0) {
+    stream(0).resize(rows * d);
+    forward_embed(params, stream(0).data());
+  } else if (unit + 1 < num_units()) {
+    std::vector<T>& out = stream(unit);
+    out.resize(rows * d);
+    forward_block(blocks_[train ? unit - 1 : 0], params, stream(unit - 1).data(), out.data());
+  } else {
+    forward_head(params, stream(unit - 1).data());
+    if (train) next_backward_ = num_units();
+  }
+  ++next_forward_;
+}
+
+template <typename T>
+void GptModel<T>::forward_embed(std::span<const T* const> params, T* out) {
+  const Index d = idx(config_.hidden);
+  const T* wte = params[0];
+  const T* wpe = params[1];
+  for (Index s = 0; s < idx(batch_); ++s) {
+    for (Index t = 0; t < idx(len_); ++t) {
+      const Index r = s * idx(len_) + t;
+      const T* tok = wte + idx(tokens_[r]) * d;
+      const T* pos = wpe + t * d;
+      T* o = out + r * d;
+      for (Index k = 0; k < d; ++k) o[k] = tok[k] + pos[k];
+    }
+  }
+}
+
+template <typename T>
+void GptModel<T>::forward_block(BlockActs& a, std::span<const T* const> p, const T* in, T* out) {
+  const Index rows = idx(batch_) * idx(len_);
+  const Index d = idx(config_.hidden);
+  const Index f = idx(config_.mlp_hidden());
+  const Index len = idx(len_);
+  const Index heads = idx(config_.heads);
+  a.ln1.resize(rows * d);
+  a.ln1_stat.resize(2 * rows);
+  ops::layernorm_forward(in, p[kLn1Weight], p[kLn1Bias], a.ln1.data(), a.ln1_stat.data(), rows, d);
+  a.qkv.resize(rows * 3 * d);
+  ops::linear_forward(a.ln1.data(), p[kQkvWeight], p[kQkvBias], a.qkv.data(), rows, d, 3 * d);
+  a.prob.resize(idx(batch_) * heads * len * len);
+  a.att.resize(rows * d);
+  ops::attention_forward(a.qkv.data(), a.prob.data(), a.att.data(), idx(batch_), len, heads, idx(config_.head_dim()));
+  a.res1.resize(rows * d);
+  ops::linear_forward(a.att.data(), p[kAttnProjWeight], p[kAttnProjBias], a.res1.data(), rows, d, d);
+  for (Index i = 0; i < rows * d; ++i) a.res1[i] += in[i];
+  a.ln2.resize(rows * d);
+  a.ln2_stat.resize(2 * rows);
+  ops::layernorm_forward(a.res1.data(), p[kLn2Weight], p[kLn2Bias], a.ln2.data(), a.ln2_stat.data(), rows, d);
+  a.fc.resize(rows * f);
+  ops::linear_forward(a.ln2.data(), p[kFcWeight], p[kFcBias], a.fc.data(), rows, d, f);
+  a.gelu.resize(rows * f);
+  ops::gelu_forward(a.fc.data(), a.gelu.data(), rows * f);
+  ops::linear_forward(a.gelu.data(), p[kMlpProjWeight], p[kMlpProjBias], out, rows, f, d);
+  for (Index i = 0; i < rows * d; ++i) out[i] += a.res1[i];
+}
+
+template <typename T>
+void GptModel<T>::forward_head(std::span<const T* const> p, const T* in) {
+  const Index rows = idx(batch_) * idx(len_);
+  const Index d = idx(config_.hidden);
+  const Index vocab = idx(config_.vocab_size);
+  lnf_.resize(rows * d);
+  lnf_stat_.resize(2 * rows);
+  ops::layernorm_forward(in, p[0], p[1], lnf_.data(), lnf_stat_.data(), rows, d);
+  logits_.resize(rows * vocab);
+  ops::linear_forward<T>(lnf_.data(), p[2], nullptr, logits_.data(), rows, d, vocab);
+  position_loss_.resize(rows);
+  const T total = ops::cross_entropy_forward(logits_.data(), targets_.data(), position_loss_.data(), rows, vocab);
+  loss_ = total / static_cast<T>(rows);
+}
+
+template <typename T>
+void GptModel<T>::backward_unit(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads,
+                                T seed_scale) {
+  if (pass_ != Pass::train) {
+    throw UsageError(
+        fmt::format("GptModel::backward_unit: unit {} after an eval pass (set_batch with Pass::train)", unit));
+  }
+  if (next_backward_ == 0 || unit + 1 != next_backward_) {
+    throw UsageError(fmt::format(
+        "GptModel::backward_unit: unit {} called, but {} (units run in reverse order "
+        "after every forward)",
+        unit,
+        next_backward_ == 0 ? std::string("no backward is due") : fmt::format("unit {} is next", next_backward_ - 1)));
+  }
+  check_unit_params("backward_unit", unit, params.size());
+  if (grads.size() != params.size()) {
+    throw UsageError(fmt::format("GptModel::backward_unit: unit {} takes one gradient per param ({}), got {}", unit,
+                                 params.size(), grads.size()));
+  }
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    if (params[k] == nullptr || grads[k] == nullptr) {
+      throw UsageError(fmt::format("GptModel::backward_unit: unit {} param or gradient {} is null", unit, k));
+    }
+  }
+  if (unit == 0) {
+    backward_embed(grads);
+  } else if (unit + 1 < num_units()) {
+    backward_block(unit, params, grads);
+  } else {
+    backward_head(params, grads, seed_scale);
+  }
+  --next_backward_;
+}
+
+template <typename T>
+void GptModel<T>::backward_head(std::span<const T* const> p, std::span<T* const> g, T seed_scale) {
+  const Index rows = idx(batch_) * idx(len_);
+  const Index d = idx(config_.hidden);
+  const Index vocab = idx(config_.vocab_size);
+  // dlogits overwrite the logits: at GPT vocabularies they are the largest activation, and nothing reads
+  // the logits after this.
+  ops::cross_entropy_backward(logits_.data(), targets_.data(), logits_.data(), rows, vocab,
+                              seed_scale / static_cast<T>(rows));
+  dnarrow_.resize(rows * d);
+  ops::linear_backward<T>(lnf_.data(), p[2], logits_.data(), dnarrow_.data(), false, g[2], nullptr, rows, d, vocab);
+  dresidual_.assign(rows * d, T(0));
+  ops::layernorm_backward(residual_[idx(config_.layers)].data(), p[0], lnf_stat_.data(), dnarrow_.data(),
+                          dresidual_.data(), g[0], g[1], rows, d);
+}
+
+template <typename T>
+void GptModel<T>::backward_block(std::size_t unit, std::span<const T* const> p, std::span<T* const> g) {
+  const Index rows = idx(batch_) * idx(len_);
+  const Index d = idx(config_.hidden);
+  const Index f = idx(config_.mlp_hidden());
+  const Index len = idx(len_);
+  const BlockActs& a = blocks_[unit - 1];
+  const T* in = residual_[unit - 1].data();
+  T* dres = dresidual_.data();  // dL/d(block output) now; dL/d(block input) when done
+  // MLP branch: out = res1 + proj(gelu(fc(ln2(res1)))).
+  dwide_.resize(rows * f);
+  ops::linear_backward(a.gelu.data(), p[kMlpProjWeight], dres, dwide_.data(), false, g[kMlpProjWeight], g[kMlpProjBias],
+                       rows, f, d);
+  ops::gelu_backward(a.fc.data(), dwide_.data(), dwide_.data(), rows * f);
+  dnarrow_.resize(rows * d);
+  ops::linear_backward(a.ln2.data(), p[kFcWeight], dwide_.data(), dnarrow_.data(), false, g[kFcWeight], g[kFcBias],
+                       rows, d, f);
+  ops::layernorm_backward(a.res1.data(), p[kLn2Weight], a.ln2_stat.data(), dnarrow_.data(), dres, g[kLn2Weight],
+                          g[kLn2Bias], rows, d);
+  // Attention branch: res1 = in + proj(attention(qkv(ln1(in)))).
+  ops::linear_backward(a.att.data(), p[kAttnProjWeight], dres, dnarrow_.data(), false, g[kAttnProjWeight],
+                       g[kAttnProjBias], rows, d, d);
+  dqkv_.resize(rows * 3 * d);
+  dprob_.resize(len * len);
+  ops::attention_backward(a.qkv.data(), a.prob.data(), dnarrow_.data(), dqkv_.data(), dprob_.data(), idx(batch_), len,
+                          idx(config_.heads), idx(config_.head_dim()));
+  ops::linear_backward(a.ln1.data(), p[kQkvWeight], dqkv_.data(), dnarrow_.data(), false, g[kQkvWeight], g[kQkvBias],
+                       rows, d, 3 * d);
+  ops::layernorm_backward(in, p[kLn1Weight], a.ln1_stat.data(), dnarrow_.data(), dres, g[kLn1Weight], g[kLn1Bias], rows,
+                          d);
+}
+
+template <typename T>
+void GptModel<T>::backward_embed(std::span<T* const> g) {
+  const Index d = idx(config_.hidden);
+  T* dwte = g[0];
+  T* dwpe = g[1];
+  for (Index s = 0; s < idx(batch_); ++s) {
+    for (Index t = 0; t < idx(len_); ++t) {
+      const Index r = s * idx(len_) + t;
+      const T* dr = dresidual_.data() + r * d;
+      T* tok = dwte + idx(tokens_[r]) * d;
+      T* pos = dwpe + t * d;
+      for (Index k = 0; k < d; ++k) {
+        tok[k] += dr[k];
+        pos[k] += dr[k];
+      }
+    }
+  }
+}
+
+template <typename T>
+std::size_t GptModel<T>::activation_bytes() const {
+  std::size_t elems = 0;
+  auto add = [&](const std::vector<T>& v) { elems += v.capacity(); };
+  for (const std::vector<T>& r : residual_) add(r);
+  for (const BlockActs& a : blocks_) {
+    for (const std::vector<T>* v :
+         {&a.ln1, &a.ln1_stat, &a.qkv, &a.prob, &a.att, &a.res1, &a.ln2, &a.ln2_stat, &a.fc, &a.gelu}) {
+      add(*v);
+    }
+  }
+  for (const std::vector<T>* v :
+       {&lnf_, &lnf_stat_, &logits_, &position_loss_, &dresidual_, &dwide_, &dnarrow_, &dqkv_, &dprob_}) {
+    add(*v);
+  }
+  return elems * sizeof(T) + (tokens_.capacity() + targets_.capacity()) * sizeof(std::int32_t);
+}
+
+template class GptModel<float>;
+template class GptModel<double>;
+
+}  // namespace zero3::models

@@ -1,0 +1,60 @@
+// Host kernels of the GPT: matrix products through CBLAS, LayerNorm, GELU, causal attention and
+// cross-entropy, on row-major arrays, for float and double. They know nothing of units or configs:
+// callers pass pointers and sizes. Gradients of params accumulate (+=); each function says what it
+// writes and what it accumulates. Callable from any thread; gemm runs on OpenBLAS's threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zero3::models::ops {
+
+using Index = std::size_t;
+
+// Row-major C[m, n] = alpha * op(A) op(B) + beta * C, op(X) = X^T when trans_x; lda/ldb/ldc are the row
+// strides of A, B and C as stored.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, Index m, Index n, Index k, T alpha, const T* a, Index lda, const T* b, Index ldb,
+          T beta, T* c, Index ldc);
+
+// y[rows, out] = x[rows, in] w[out, in]^T + bias[out] (bias may be null).
+template <typename T>
+void linear_forward(const T* x, const T* w, const T* bias, T* y, Index rows, Index in, Index out);
+// dx[rows, in] = dy w (skipped when dx is null; += when accumulate_dx); dw[out, in] += dy^T x;
+// dbias[out] += column sums of dy (skipped when null).
+template <typename T>
+void linear_backward(const T* x, const T* w, const T* dy, T* dx, bool accumulate_dx, T* dw, T* dbias, Index rows,
+                     Index in, Index out);
+
+// y = (x - mean) / sqrt(var + eps) * w + b per row of width d; stat[2 i] = mean, stat[2 i + 1] = 1/std.
+template <typename T>
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* stat, Index rows, Index d);
+// dx += dL/dx; dw += sum over rows of dy * xhat; db += sum over rows of dy.
+template <typename T>
+void layernorm_backward(const T* x, const T* w, const T* stat, const T* dy, T* dx, T* dw, T* db, Index rows, Index d);
+
+// GELU, tanh approximation: y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <typename T>
+void gelu_forward(const T* x, T* y, Index n);
+// dx = dy * gelu'(x); dx may be dy.
+template <typename T>
+void gelu_backward(const T* x, const T* dy, T* dx, Index n);
+
+// Causal multi-head self-attention of `batch` sequences of `len` positions. qkv is [batch, len, 3 d]
+// (q, k, v side by side, d = heads * head_dim); writes prob [batch, heads, len, len] (softmax of
+// q k^T / sqrt(head_dim) over keys <= query, exact zeros above the diagonal) and att [batch, len, d].
+template <typename T>
+void attention_forward(const T* qkv, T* prob, T* att, Index batch, Index len, Index heads, Index head_dim);
+// Writes dqkv [batch, len, 3 d] from datt [batch, len, d]; dprob is [len, len] scratch.
+template <typename T>
+void attention_backward(const T* qkv, const T* prob, const T* datt, T* dqkv, T* dprob, Index batch, Index len,
+                        Index heads, Index head_dim);
+
+// losses[i] = logsumexp(logits row i) - logits[i, targets[i]]; returns their sum.
+template <typename T>
+T cross_entropy_forward(const T* logits, const std::int32_t* targets, T* losses, Index rows, Index vocab);
+// dlogits = scale * (softmax(logits) - onehot(targets)).
+template <typename T>
+void cross_entropy_backward(const T* logits, const std::int32_t* targets, T* dlogits, Index rows, Index vocab, T scale);
+
+}  // namespace zero3::models::ops

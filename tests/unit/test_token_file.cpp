@@ -1,0 +1,235 @@
+// Token files: write/open round trips at both widths, window layout and splits, atomic writes, and every
+// validation error naming the file (missing, bad magic, version, width, truncated, trailing bytes, id out of
+// vocabulary with its index and value, context longer than the data), plus the source factory.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "zero3/core/error.hpp"
+#include "zero3/core/rng.hpp"
+#include "zero3/data/token_file.hpp"
+
+namespace fs = std::filesystem;
+using zero3::data::Split;
+using zero3::data::TokenFile;
+using zero3::data::TokenId;
+using zero3::data::write_token_file;
+
+namespace {
+
+// A fresh directory per test case, removed with everything in it on scope exit.
+class ScratchDir {
+ public:
+  ScratchDir()
+      : path_(fs::temp_directory_path() /
+              ("zero3_token_file_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+std::vector<TokenId> random_ids(std::int64_t count, std::int64_t vocab, std::uint64_t seed) {
+  const zero3::CounterRng rng(seed, zero3::hash_name("token_file_test"));
+  std::vector<TokenId> ids(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<TokenId>(rng.bits(i) % vocab);
+  return ids;
+}
+
+// Overwrites bytes of a file in place.
+void patch(const fs::path& path, std::size_t offset, const std::vector<unsigned char>& bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(f.good());
+}
+
+template <class Fn>
+std::string config_error(Fn fn) {
+  try {
+    fn();
+  } catch (const zero3::ConfigError& e) {
+    return e.what();
+  }
+  FAIL("no ConfigError thrown");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("token file: round trip at 2 and 4 bytes per token, windows stride by the context", "[data][token_file]") {
+  ScratchDir dir;
+  for (int width : {2, 4}) {
+    const std::int64_t vocab = width == 2 ? 50257 : 100000;
+    const auto ids = random_ids(10'000, vocab, static_cast<std::uint64_t>(width));
+    const fs::path path = dir / ("ids" + std::to_string(width) + ".tok");
+    write_token_file(path, ids, vocab, width);
+    REQUIRE(fs::file_size(path) == 32 + ids.size() * static_cast<std::size_t>(width));
+    for (const auto& entry : fs::directory_iterator(dir.path())) {  // the temporary was renamed away
+      REQUIRE(entry.path().string().find(".tmp.") == std::string::npos);
+    }
+
+    const TokenFile file = TokenFile::open(path, 0.1);
+    REQUIRE(file.vocab_size() == vocab);
+    REQUIRE(file.token_count() == 10'000);
+    REQUIRE(file.bytes_per_token() == width);
+    REQUIRE(file.split_tokens(Split::train) == 9'000);
+    REQUIRE(file.split_tokens(Split::heldout) == 1'000);
+    for (std::int64_t i = 0; i < 10'000; ++i) REQUIRE(file.at(i) == ids[static_cast<std::size_t>(i)]);
+
+    const std::int64_t context = 64;
+    REQUIRE(file.num_samples(Split::train, context) == (9'000 - 1) / 64);
+    REQUIRE(file.num_samples(Split::heldout, context) == (1'000 - 1) / 64);
+    std::vector<TokenId> window(context + 1, -1);
+    for (std::int64_t i : {std::int64_t{0}, std::int64_t{5}, file.num_samples(Split::train, context) - 1}) {
+      file.tokens(Split::train, i, context, window);
+      for (std::int64_t t = 0; t <= context; ++t) {
+        REQUIRE(window[static_cast<std::size_t>(t)] == ids[static_cast<std::size_t>(i * context + t)]);
+      }
+    }
+    // Held-out windows start at the split boundary and stay inside the held-out tokens.
+    const std::int64_t last = file.num_samples(Split::heldout, context) - 1;
+    for (std::int64_t i : {std::int64_t{0}, last}) {
+      file.tokens(Split::heldout, i, context, window);
+      REQUIRE(9'000 + i * context + context < 10'000);
+      for (std::int64_t t = 0; t <= context; ++t) {
+        REQUIRE(window[static_cast<std::size_t>(t)] == ids[static_cast<std::size_t>(9'000 + i * context + t)]);
+      }
+    }
+    REQUIRE_THROWS_AS(file.tokens(Split::heldout, last + 1, context, window), zero3::UsageError);
+  }
+}
+
+TEST_CASE("token file: a moved file stays usable and rewriting replaces it whole", "[data][token_file]") {
+  ScratchDir dir;
+  const fs::path path = dir / "a.tok";
+  write_token_file(path, random_ids(100, 10, 1), 10, 2);
+  TokenFile first = TokenFile::open(path);
+  const TokenId first_token = first.at(0);
+  TokenFile moved = std::move(first);
+  REQUIRE(moved.at(0) == first_token);
+  // The open mapping keeps the old contents even after an atomic rewrite.
+  write_token_file(path, std::vector<TokenId>(50, 3), 10, 4);
+  REQUIRE(moved.at(0) == first_token);
+  REQUIRE(moved.token_count() == 100);
+  const TokenFile reopened = TokenFile::open(path);
+  REQUIRE(reopened.token_count() == 50);
+  REQUIRE(reopened.at(49) == 3);
+}
+
+TEST_CASE("token file: validation errors name the file and what is wrong", "[data][token_file]") {
+  ScratchDir dir;
+  const auto ids = random_ids(1000, 100, 7);
+  const auto fresh = [&](const std::string& name) {
+    const fs::path path = dir / name;
+    write_token_file(path, ids, 100, 2);
+    return path;
+  };
+
+  const fs::path missing = dir / "missing.tok";
+  REQUIRE_THAT(config_error([&] { TokenFile::open(missing); }),
+               Catch::Contains(missing.string()) && Catch::Contains("No such file or directory"));
+
+  const fs::path magic = fresh("magic.tok");
+  patch(magic, 0, {'G', 'P', 'T'});
+  REQUIRE_THAT(config_error([&] { TokenFile::open(magic); }),
+               Catch::Contains(magic.string()) && Catch::Contains("bad magic \"GPTO3TOK\""));
+
+  const fs::path version = fresh("version.tok");
+  patch(version, 8, {2, 0, 0, 0});
+  REQUIRE_THAT(config_error([&] { TokenFile::open(version); }), Catch::Contains("unsupported version 2"));
+
+  const fs::path width = fresh("width.tok");
+  patch(width, 12, {3, 0, 0, 0});
+  REQUIRE_THAT(config_error([&] { TokenFile::open(width); }), Catch::Contains("unsupported bytes_per_token 3"));
+
+  const fs::path truncated = fresh("truncated.tok");
+  fs::resize_file(truncated, 32 + 2 * 1000 - 1);
+  REQUIRE_THAT(config_error([&] { TokenFile::open(truncated); }),
+               Catch::Contains(truncated.string()) && Catch::Contains("1000 tokens x 2 bytes") &&
+                   Catch::Contains("1999 bytes") && Catch::Contains("truncated"));
+
+  const fs::path trailing = fresh("trailing.tok");
+  fs::resize_file(trailing, 32 + 2 * 1000 + 2);
+  REQUIRE_THAT(config_error([&] { TokenFile::open(trailing); }), Catch::Contains("trailing bytes"));
+
+  const fs::path stub = fresh("stub.tok");
+  fs::resize_file(stub, 20);
+  REQUIRE_THAT(config_error([&] { TokenFile::open(stub); }), Catch::Contains("shorter than the 32-byte header"));
+
+  // Two ids out of range: the first is reported, with its index and value.
+  const fs::path out_of_vocab = fresh("vocab.tok");
+  patch(out_of_vocab, 32 + 2 * 777, {150, 0});
+  patch(out_of_vocab, 32 + 2 * 900, {0, 1});
+  REQUIRE_THAT(config_error([&] { TokenFile::open(out_of_vocab); }), Catch::Contains(out_of_vocab.string()) &&
+                                                                         Catch::Contains("token 777 has id 150") &&
+                                                                         Catch::Contains("vocab_size = 100"));
+
+  const TokenFile file = TokenFile::open(fresh("ok.tok"), 0.1);  // 900 train, 100 held-out tokens
+  REQUIRE_NOTHROW(file.check_context(99));
+  REQUIRE_THAT(config_error([&] { file.check_context(100); }),
+               Catch::Contains("ok.tok") && Catch::Contains("context length 100") && Catch::Contains("101 tokens") &&
+                   Catch::Contains("900 train and 100 held-out"));
+  REQUIRE(file.num_samples(Split::heldout, 100) == 0);
+  REQUIRE_THROWS_AS(TokenFile::open(fresh("fraction.tok"), 1.0), zero3::ConfigError);
+}
+
+TEST_CASE("token file: the writer refuses ids and widths that do not fit", "[data][token_file]") {
+  ScratchDir dir;
+  const fs::path path = dir / "w.tok";
+  REQUIRE_THAT(config_error([&] {
+                 write_token_file(path, std::vector<TokenId>{1, 2, 12}, 10, 2);
+               }),
+               Catch::Contains("token 2 has id 12"));
+  REQUIRE_THAT(config_error([&] { write_token_file(path, std::vector<TokenId>{1}, 70000, 2); }),
+               Catch::Contains("vocab_size 70000 does not fit 2 bytes"));
+  REQUIRE_THROWS_AS(write_token_file(path, std::vector<TokenId>{1}, 10, 3), zero3::ConfigError);
+  REQUIRE_THROWS_AS(write_token_file(dir / "no_such_dir" / "w.tok", std::vector<TokenId>{1}, 10, 2),
+                    zero3::ConfigError);
+  REQUIRE_FALSE(fs::exists(path));  // nothing half-written was left behind
+}
+
+TEST_CASE("token source factory: schemes, vocabulary and errors", "[data][token_file]") {
+  using zero3::data::make_token_source;
+  using zero3::data::TokenSourceOptions;
+  ScratchDir dir;
+  const fs::path path = dir / "f.tok";
+  write_token_file(path, random_ids(5000, 300, 2), 300, 2);
+
+  const auto file = make_token_source(
+      TokenSourceOptions{.source = "tokens:" + path.string(), .vocab_size = 512, .heldout_fraction = 0.2});
+  REQUIRE(file->vocab_size() == 300);
+  REQUIRE(file->num_samples(Split::heldout, 10) == (1000 - 1) / 10);
+  REQUIRE_FALSE(file->entropy_floor().has_value());
+
+  const auto markov = make_token_source(TokenSourceOptions{
+      .source = "synthetic:markov", .vocab_size = 32, .markov_order = 2, .markov_corpus_tokens = 1 << 12});
+  REQUIRE(markov->vocab_size() == 32);
+  REQUIRE(markov->entropy_floor().has_value());
+  REQUIRE_THAT(markov->describe(), Catch::Contains("synthetic:markov"));
+
+  REQUIRE_THAT(config_error([&] {
+                 make_token_source(TokenSourceOptions{.source = "tokens:" + path.string(), .vocab_size = 256});
+               }),
+               Catch::Contains("vocab_size 300") && Catch::Contains("zero3.model.vocab_size 256"));
+  REQUIRE_THAT(config_error([] { make_token_source(TokenSourceOptions{.source = "hf:wikitext", .vocab_size = 8}); }),
+               Catch::Contains("zero3.data.source") && Catch::Contains("hf:wikitext"));
+  REQUIRE_THAT(config_error([] { make_token_source(TokenSourceOptions{.source = "tokens:", .vocab_size = 8}); }),
+               Catch::Contains("zero3.data.source"));
+}

@@ -1,0 +1,380 @@
+// `zero3 train --config CONFIG.json [--steps N] [--metrics FILE] [--log-interval N] [--model.* ...]`: trains
+// the GPT of the config's "zero3" block (runtime/include/zero3/models/gpt.hpp) through the ZeRO-3 engine on
+// the data the block names (runtime/include/zero3/data/), launched with mpirun or as one process. Overrides
+// patch the JSON's "zero3" block before it is parsed, so "auto" values follow them. Each rank reads its
+// rank-strided share of every global batch (DistributedSampler: deterministic for a seed, resumable at any
+// step); every log interval the held-out loss is measured and, for synthetic data, compared with the
+// source's entropy rate: a held-out loss below that floor means the model sees what it should not (a future
+// token), and the run stops with an error. Host compute (OpenBLAS) on the host device.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "zero3/comm/communicator.hpp"
+#include "zero3/comm/world.hpp"
+#include "zero3/config/parse.hpp"
+#include "zero3/core/dtype.hpp"
+#include "zero3/core/error.hpp"
+#include "zero3/core/log.hpp"
+#include "zero3/data/sampler.hpp"
+#include "zero3/data/token_source.hpp"
+#include "zero3/engine/engine.hpp"
+#include "zero3/models/gpt.hpp"
+
+namespace zero3::tools {
+namespace {
+
+using Json = nlohmann::json;
+
+struct TrainOptions {
+  std::string config;
+  std::optional<std::int64_t> steps;
+  std::optional<std::int64_t> log_interval;
+  std::string metrics;
+  // "--model.layers 4" and the like: key path under "zero3" -> JSON value text.
+  std::map<std::string, std::string> overrides;
+  std::int64_t heldout_samples = 128;
+};
+
+// The config file with the overrides written into its "zero3" block.
+std::string patched_config(const TrainOptions& o) {
+  std::ifstream in(o.config);
+  if (!in) throw ConfigError(fmt::format("{}: cannot read the config: {}", o.config, std::strerror(errno)));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (o.overrides.empty() && !o.steps) return text.str();
+  Json j;
+  try {
+    j = Json::parse(text.str());
+  } catch (const Json::exception& e) {
+    throw ConfigError(fmt::format("{}: not valid JSON: {}", o.config, e.what()));
+  }
+  if (!j.is_object()) throw ConfigError(fmt::format("{}: the config must be a JSON object", o.config));
+  Json& z = j["zero3"];
+  for (const auto& [path, value] : o.overrides) {
+    Json* at = &z;
+    std::string_view rest = path;
+    for (std::size_t dot = rest.find('.'); dot != std::string_view::npos; dot = rest.find('.')) {
+      at = &(*at)[std::string(rest.substr(0, dot))];
+      rest.remove_prefix(dot + 1);
+    }
+    Json v;
+    try {
+      v = Json::parse(value);
+    } catch (const Json::exception&) {
+      v = value;  // a bare string, e.g. --data.source tokens:/data/x.bin
+    }
+    (*at)[std::string(rest)] = v;
+  }
+  if (o.steps) z["run"]["steps"] = *o.steps;
+  return j.dump();
+}
+
+double sum_over_ranks(comm::Bootstrap& b, double v) {
+  std::vector<std::byte> mine(sizeof v);
+  std::memcpy(mine.data(), &v, sizeof v);
+  const std::vector<std::byte> all = b.all_gather(mine);
+  double sum = 0.0;
+  for (std::size_t off = 0; off < all.size(); off += sizeof v) {
+    double x = 0.0;
+    std::memcpy(&x, all.data() + off, sizeof x);
+    sum += x;
+  }
+  return sum;
+}
+
+// The GPT driven through the engine's scopes. Compute runs on this thread over the gathered params (host
+// device memory), after the compute stream has delivered them; 16-bit params are widened into float
+// scratch and gradients rounded back into the engine's buffers.
+class GptTrainer {
+ public:
+  GptTrainer(const config::Config& cfg, const comm::World& world, std::shared_ptr<comm::Bootstrap> bootstrap,
+             const models::GptConfig& gc)
+      : gc_(gc), units_(models::gpt_units(gc)), model_(gc), engine_(cfg, world, resources(bootstrap)) {
+    if (engine_.device().kind() != DeviceKind::host) {
+      throw ConfigError(
+          "zero3.device: the GPT's compute runs on the host (OpenBLAS); its CUDA kernels are not there yet, so "
+          "zero3 train needs \"host\"");
+    }
+    for (const UnitSpec& u : units_) engine_.add_unit(u);
+    engine_.finalize();
+  }
+
+  Engine& engine() { return engine_; }
+  std::size_t activation_bytes() const { return model_.activation_bytes(); }
+
+  // Forward and backward of one micro-batch; returns its mean loss.
+  double micro_step(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets, int batch) {
+    model_.set_batch(tokens, targets, batch, static_cast<int>(gc_.seq_len), models::GptModel<float>::Pass::train);
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      Engine::GatherScope g = engine_.gather(units_[u].name);
+      engine_.compute_stream().synchronize();
+      model_.forward_unit(u, widen(u, g));
+    }
+    const double loss = model_.loss();
+    const auto seed = static_cast<float>(engine_.loss_multiplier());
+    for (std::size_t u = units_.size(); u-- > 0;) {
+      Engine::GatherScope g = engine_.gather(units_[u].name);
+      Engine::GradScope gr = engine_.grads(units_[u].name);
+      engine_.compute_stream().synchronize();  // the gather and the zero fill of the gradient buffers
+      const std::vector<const float*> params = widen(u, g);
+      std::vector<float*> grads;
+      grad_scratch_.resize(units_[u].params.size());
+      for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
+        grad_scratch_[k].assign(units_[u].params[k].numel(), 0.0f);
+        grads.push_back(grad_scratch_[k].data());
+      }
+      model_.backward_unit(u, params, grads, seed);
+      for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
+        const BufferView out = gr.grad(units_[u].params[k].name);
+        for (std::size_t i = 0; i < out.count; ++i) store_from_float(out.data, out.dtype, i, grad_scratch_[k][i]);
+      }
+    }
+    return loss;
+  }
+
+  // Loss of a forward-only pass (collective: every rank gathers every unit, even with no samples).
+  double eval(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets, int batch) {
+    if (batch > 0) {
+      model_.set_batch(tokens, targets, batch, static_cast<int>(gc_.seq_len), models::GptModel<float>::Pass::eval);
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      Engine::GatherScope g = engine_.gather(units_[u].name);
+      engine_.compute_stream().synchronize();
+      if (batch > 0) model_.forward_unit(u, widen(u, g));
+    }
+    return batch > 0 ? model_.loss() : 0.0;
+  }
+
+ private:
+  static EngineResources resources(std::shared_ptr<comm::Bootstrap> bootstrap) {
+    EngineResources r;
+    r.bootstrap = std::move(bootstrap);
+    return r;
+  }
+
+  std::vector<const float*> widen(std::size_t u, const Engine::GatherScope& g) {
+    std::vector<const float*> ptrs;
+    param_scratch_.resize(units_[u].params.size());
+    for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
+      const BufferView v = g.param(units_[u].params[k].name);
+      if (v.dtype == DType::f32) {
+        ptrs.push_back(v.as<const float>());
+        continue;
+      }
+      param_scratch_[k].resize(v.count);
+      for (std::size_t i = 0; i < v.count; ++i) param_scratch_[k][i] = load_as_float(v.data, v.dtype, i);
+      ptrs.push_back(param_scratch_[k].data());
+    }
+    return ptrs;
+  }
+
+  models::GptConfig gc_;
+  std::vector<UnitSpec> units_;
+  models::GptModel<float> model_;
+  std::vector<std::vector<float>> param_scratch_;
+  std::vector<std::vector<float>> grad_scratch_;
+  Engine engine_;  // last: its destructor drains the streams while the scratch above still exists
+};
+
+void run_train(const TrainOptions& o) {
+  const comm::World world = comm::World::from_environment();
+  log::set_rank(world.rank, world.size);
+  config::ParseOptions po;
+  po.world_size = world.size;
+  po.world_size_source = world.source;
+  po.source_name = o.config;
+  const config::ParseResult parsed = config::parse_config_text(patched_config(o), po);
+  if (!parsed.runnable()) {
+    std::string msg;
+    for (const auto& d : parsed.errors) msg += "\n  " + config::format_diagnostic("error", d);
+    for (const auto& d : parsed.not_implemented) msg += "\n  " + config::format_diagnostic("not implemented", d);
+    throw ConfigError(fmt::format("{}: the config cannot be trained:{}", o.config, msg));
+  }
+  const config::Config& cfg = *parsed.config;
+  if (!cfg.zero3.model || cfg.zero3.model->type != config::ModelType::gpt) {
+    throw ConfigError(fmt::format("{}: zero3.model: zero3 train needs a \"gpt\" model block", o.config));
+  }
+  if (!cfg.zero3.run) throw ConfigError(fmt::format("{}: zero3.run.steps (or --steps) is required", o.config));
+  const config::ModelSettings& ms = *cfg.zero3.model;
+  models::GptConfig gc;
+  gc.vocab_size = ms.vocab_size;
+  gc.seq_len = ms.seq_len;
+  gc.layers = ms.layers;
+  gc.hidden = ms.hidden_size;
+  gc.heads = ms.heads;
+  models::validate(gc);
+
+  data::TokenSourceOptions so;
+  so.source = cfg.zero3.data.source;
+  so.vocab_size = ms.vocab_size;
+  so.markov_order = cfg.zero3.data.markov_order;
+  so.seed = cfg.zero3.seed;
+  so.heldout_fraction = cfg.zero3.data.heldout_fraction;
+  const std::unique_ptr<data::TokenSource> source = data::make_token_source(so);
+  const std::int64_t context = ms.seq_len;
+  const std::int64_t global_batch = cfg.batch.train_batch_size;
+  const std::int64_t micro = cfg.batch.train_micro_batch_size_per_gpu;
+  const std::int64_t gas = cfg.batch.gradient_accumulation_steps;
+  const std::int64_t train_samples = source->num_samples(data::Split::train, context);
+  if (train_samples < global_batch) {
+    throw ConfigError(fmt::format(
+        "zero3.model.seq_len: a context of {} tokens leaves {} training window(s) of {} tokens in {}, fewer than "
+        "one global batch ({}); use more data, a shorter context or a smaller batch",
+        context, train_samples, context + 1, source->describe(), global_batch));
+  }
+  data::SamplerOptions sop;
+  sop.num_samples = train_samples;
+  sop.global_batch = global_batch;
+  sop.world_size = world.size;
+  sop.rank = world.rank;
+  sop.seed = cfg.zero3.seed;
+  const data::DistributedSampler sampler(sop);
+  const std::int64_t heldout_total =
+      std::min<std::int64_t>(o.heldout_samples, source->num_samples(data::Split::heldout, context));
+  if (heldout_total < 1) {
+    throw ConfigError(fmt::format("zero3.model.seq_len: a context of {} tokens leaves no held-out sample in {}",
+                                  context, source->describe()));
+  }
+
+  const std::shared_ptr<comm::Bootstrap> bootstrap = comm::make_mpi_bootstrap(world);
+  GptTrainer trainer(cfg, world, bootstrap, gc);
+  const std::optional<double> floor = source->entropy_floor();
+  const std::int64_t steps = cfg.zero3.run->steps;
+  const std::int64_t interval = o.log_interval.value_or(cfg.steps_per_print.value_or(cfg.zero3.run->log_interval));
+  std::ofstream metrics;
+  if (!o.metrics.empty() && world.rank == 0) {
+    metrics.open(o.metrics);
+    if (!metrics) throw ConfigError(fmt::format("--metrics {}: cannot write: {}", o.metrics, std::strerror(errno)));
+  }
+  if (world.rank == 0) {
+    fmt::print("zero3 train: GPT {} layers, hidden {}, {} heads, vocab {}, context {}: {} params; {} ranks; {}\n",
+               gc.layers, gc.hidden, gc.heads, gc.vocab_size, gc.seq_len, models::gpt_num_params(gc), world.size,
+               source->describe());
+    if (floor) fmt::print("entropy floor (the data's entropy rate): {:.4f} nats/token\n", *floor);
+    fmt::print("batch {} = micro {} x accumulation {} x {} ranks; {} steps\n", global_batch, micro, gas, world.size,
+               steps);
+    std::fflush(stdout);
+  }
+
+  const auto window = [&](data::Split split, std::int64_t index, std::vector<std::int32_t>& tok,
+                          std::vector<std::int32_t>& tgt) {
+    std::vector<data::TokenId> w(static_cast<std::size_t>(context + 1));
+    source->tokens(split, index, context, w);
+    tok.insert(tok.end(), w.begin(), w.end() - 1);
+    tgt.insert(tgt.end(), w.begin() + 1, w.end());
+  };
+  const auto heldout_loss = [&] {
+    std::vector<std::int32_t> tok;
+    std::vector<std::int32_t> tgt;
+    int n = 0;
+    for (std::int64_t i = world.rank; i < heldout_total; i += world.size, ++n)
+      window(data::Split::heldout, i, tok, tgt);
+    const double mean = trainer.eval(tok, tgt, n);
+    return sum_over_ranks(*bootstrap, mean * n) / static_cast<double>(heldout_total);
+  };
+
+  std::size_t reported_activations = 0;
+  const auto t_start = std::chrono::steady_clock::now();
+  auto t_last = t_start;
+  std::int64_t tokens_since = 0;
+  double last_heldout = 0.0;
+  for (std::int64_t step = 0; step < steps; ++step) {
+    double loss_sum = 0.0;
+    StepResult r;
+    for (std::int64_t m = 0; m < gas; ++m) {
+      std::vector<std::int32_t> tok;
+      std::vector<std::int32_t> tgt;
+      for (const std::int64_t i : sampler.micro_batch(step, m, micro)) window(data::Split::train, i, tok, tgt);
+      loss_sum += trainer.micro_step(tok, tgt, static_cast<int>(micro));
+      r = trainer.engine().step();
+    }
+    if (trainer.activation_bytes() != reported_activations) {  // the model's buffers, in the memory report
+      trainer.engine().memory().on_free(MemoryKind::pageable_host, MemCategory::activations, reported_activations);
+      reported_activations = trainer.activation_bytes();
+      trainer.engine().memory().on_alloc(MemoryKind::pageable_host, MemCategory::activations, reported_activations);
+    }
+    tokens_since += global_batch * context;
+    const bool last = step + 1 == steps;
+    if ((step + 1) % interval != 0 && !last) continue;
+    const double train_loss = sum_over_ranks(*bootstrap, loss_sum / static_cast<double>(gas)) / world.size;
+    last_heldout = heldout_loss();
+    const auto now = std::chrono::steady_clock::now();
+    const double tps = static_cast<double>(tokens_since) / std::chrono::duration<double>(now - t_last).count();
+    t_last = now;
+    tokens_since = 0;
+    if (world.rank == 0) {
+      fmt::print(
+          "step {:>6}/{}  loss {:.4f}  heldout {:.4f}{}  lr {:.3e}  scale {:g}  grad norm {:.3f}  skipped {}  "
+          "{:.0f} tokens/s\n",
+          step + 1, steps, train_loss, last_heldout, floor ? fmt::format(" (floor {:.4f})", *floor) : std::string(),
+          r.lr, r.loss_scale, r.grad_norm, r.skipped_steps, tps);
+      std::fflush(stdout);
+      if (metrics.is_open()) {
+        Json line = {{"step", step + 1},
+                     {"loss", train_loss},
+                     {"heldout_loss", last_heldout},
+                     {"lr", r.lr},
+                     {"grad_norm", r.grad_norm},
+                     {"loss_scale", r.loss_scale},
+                     {"skipped_steps", r.skipped_steps},
+                     {"tokens_per_s", tps}};
+        if (floor) line["entropy_floor"] = *floor;
+        metrics << line.dump() << '\n' << std::flush;
+      }
+    }
+    // Below the floor by more than the sampling noise of the held-out estimate: the model sees the future.
+    if (floor && last_heldout < *floor - 0.05) {
+      throw Error(fmt::format(
+          "step {}: held-out loss {:.4f} is below the data's entropy floor {:.4f} nats/token; no model can do that "
+          "on unseen data, so the model sees what it should not (a future token?)",
+          step + 1, last_heldout, *floor));
+    }
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (world.rank == 0) {
+    fmt::print("done: {} steps in {:.1f} s; held-out loss {:.4f}", steps, wall, last_heldout);
+    if (floor) fmt::print(", {:+.4f} nats/token above the entropy floor {:.4f}", last_heldout - *floor, *floor);
+    fmt::print("\npeak memory on rank 0:\n{}", trainer.engine().memory().report());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto opt = std::make_shared<TrainOptions>();
+  CLI::App* cmd = app.add_subcommand("train", "Train the GPT of a DeepSpeed config's \"zero3\" block (mpirun -np N)");
+  cmd->add_option("--config", opt->config, "DeepSpeed JSON config with a \"zero3\" block (model, data, run)")
+      ->required();
+  cmd->add_option("--steps", opt->steps, "Optimizer steps of the run (zero3.run.steps)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  cmd->add_option("--log-interval", opt->log_interval, "Steps between log lines (default: steps_per_print)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  cmd->add_option("--metrics", opt->metrics, "Write one JSON object per logged step to this file (rank 0)");
+  cmd->add_option("--heldout-samples", opt->heldout_samples, "Held-out windows measured at each log line")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
+  for (const char* key : {"model.layers", "model.hidden_size", "model.heads", "model.vocab_size", "model.seq_len",
+                          "data.source", "data.markov_order", "seed"}) {
+    cmd->add_option_function<std::string>(
+        fmt::format("--{}", key), [opt, k = std::string(key)](const std::string& v) { opt->overrides[k] = v; },
+        fmt::format("Override zero3.{}", key));
+  }
+  cmd->callback([opt] { run_train(*opt); });
+}
+
+}  // namespace zero3::tools
