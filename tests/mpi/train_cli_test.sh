@@ -57,7 +57,25 @@ print(f"np 2 vs np 1: worst relative difference {worst:.2e} over {len(a)} logged
 sys.exit(0 if len(a) == len(one) == 6 and worst <= 1e-4 else 1)
 PY
 
-# 3. Bad input: each a clear error naming it, exit non-zero.
+# 3. csv_monitor writes DeepSpeed's layout: <output_path>/<job_name>/Train_Samples_<name>.csv.
+python3 - "$tmp/fp32.json" "$tmp/csv.json" "$tmp/csv" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["csv_monitor"] = {"enabled": True, "output_path": sys.argv[3], "job_name": "tiny"}
+open(sys.argv[2], "w").write(json.dumps(c))
+PY
+"$zero3" train --config "$tmp/csv.json" --steps 4 >"$tmp/csv.out" 2>&1 || fail "csv_monitor run failed"
+python3 - "$tmp/csv/tiny" <<'PY' || fail "csv_monitor files"
+import csv, os, sys
+d = sys.argv[1]
+for name, header in (("Train_Samples_train_loss.csv", "train_loss"), ("Train_Samples_lr.csv", "lr")):
+    rows = list(csv.reader(open(os.path.join(d, name))))
+    assert rows[0] == ["step", header], rows[0]
+    assert [int(r[0]) for r in rows[1:]] == [32, 64, 96, 128], rows
+    float(rows[1][1])
+PY
+
+# 4. Bad input: each a clear error naming it, exit non-zero.
 expect_error() {
   local what="$1" pattern="$2"
   shift 2

@@ -10,14 +10,17 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -82,6 +85,41 @@ std::string patched_config(const TrainOptions& o) {
   if (o.steps) z["run"]["steps"] = *o.steps;
   return j.dump();
 }
+
+// DeepSpeed's csv_monitor layout: <output_path>/<job_name>/<event name with '/' -> '_'>.csv, each with a
+// "step,<last part of the name>" header and one "step,value" row per event; the step is the count of
+// training samples so far (DeepSpeed's global_samples). Rank 0 only.
+class CsvMonitor {
+ public:
+  explicit CsvMonitor(const config::MonitorConfig& c) : enabled_(c.enabled) {
+    if (!enabled_) return;
+    const std::filesystem::path base =
+        c.output_path.empty() ? std::filesystem::current_path() : std::filesystem::path(c.output_path);
+    dir_ = base / c.job_name;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (ec)
+      throw ConfigError(fmt::format("csv_monitor.output_path: cannot create {}: {}", dir_.string(), ec.message()));
+  }
+  void write(const std::string& name, double value, std::int64_t samples) {
+    if (!enabled_) return;
+    std::string file = name;
+    std::replace(file.begin(), file.end(), '/', '_');
+    std::replace(file.begin(), file.end(), ' ', '_');
+    const std::filesystem::path path = dir_ / (file + ".csv");
+    const bool fresh = !started_.contains(file);
+    std::ofstream out(path, fresh ? std::ios::trunc : std::ios::app);
+    if (!out) throw Error(fmt::format("csv_monitor: cannot write {}", path.string()));
+    if (fresh) out << "step," << name.substr(name.rfind('/') + 1) << '\n';
+    out << samples << ',' << fmt::format("{}", value) << '\n';
+    started_.insert(file);
+  }
+
+ private:
+  bool enabled_;
+  std::filesystem::path dir_;
+  std::set<std::string> started_;
+};
 
 double sum_over_ranks(comm::Bootstrap& b, double v) {
   std::vector<std::byte> mine(sizeof v);
@@ -287,6 +325,8 @@ void run_train(const TrainOptions& o) {
     return sum_over_ranks(*bootstrap, mean * n) / static_cast<double>(heldout_total);
   };
 
+  CsvMonitor csv(world.rank == 0 ? cfg.csv_monitor : config::MonitorConfig{});
+  const bool tty = world.rank == 0 && isatty(STDOUT_FILENO) == 1;  // a progress line between the log lines
   std::size_t reported_activations = 0;
   const auto t_start = std::chrono::steady_clock::now();
   auto t_last = t_start;
@@ -308,8 +348,20 @@ void run_train(const TrainOptions& o) {
       trainer.engine().memory().on_alloc(MemoryKind::pageable_host, MemCategory::activations, reported_activations);
     }
     tokens_since += global_batch * context;
+    const std::int64_t samples = (step + 1) * global_batch;
+    csv.write("Train/Samples/train_loss", loss_sum / static_cast<double>(gas), samples);
+    csv.write("Train/Samples/lr", r.lr, samples);
+    if (cfg.fp16.enabled) csv.write("Train/Samples/loss_scale", r.loss_scale, samples);
     const bool last = step + 1 == steps;
+    if (tty) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(steps - step - 1);
+      fmt::print("\r  step {}/{}  loss {:.4f}  {:.0f} tokens/s  ETA {:.0f} s   ", step + 1, steps,
+                 loss_sum / static_cast<double>(gas), static_cast<double>(samples * context) / elapsed, eta);
+      std::fflush(stdout);
+    }
     if ((step + 1) % interval != 0 && !last) continue;
+    if (tty) fmt::print("\r{:80}\r", "");
     const double train_loss = sum_over_ranks(*bootstrap, loss_sum / static_cast<double>(gas)) / world.size;
     last_heldout = heldout_loss();
     const auto now = std::chrono::steady_clock::now();
