@@ -86,17 +86,30 @@ std::string format_resolution(const Resolution& r) {
   return fmt::format("note: {} = {} ({})", r.path, r.value, r.reason);
 }
 
-Config load_config_or_throw(const std::string& path, const ParseOptions& options) {
-  ParseResult result = parse_config_file(path, options);
+namespace {
+
+// Throws ConfigError listing every error (and not-implemented feature unless allowed); logs the warnings
+// and resolutions of a config that can be used.
+Config take_or_throw(ParseResult result, std::string_view name, const ParseOptions& options) {
   std::string problems;
   for (const auto& e : result.errors) problems += "\n  " + format_diagnostic("error", e);
   if (!options.allow_not_implemented) {
     for (const auto& n : result.not_implemented) problems += "\n  " + format_diagnostic("not implemented", n);
   }
-  if (!problems.empty()) throw ConfigError(fmt::format("config {} cannot be used:{}", path, problems));
+  if (!problems.empty()) throw ConfigError(fmt::format("config {} cannot be used:{}", name, problems));
   for (const auto& w : result.warnings) log::warn("{}", format_diagnostic("config", w));
   for (const auto& r : result.resolved) log::info("config: {} = {} ({})", r.path, r.value, r.reason);
   return std::move(*result.config);
+}
+
+}  // namespace
+
+Config load_config_or_throw(const std::string& path, const ParseOptions& options) {
+  return take_or_throw(parse_config_file(path, options), path, options);
+}
+
+Config load_config_text_or_throw(std::string_view json_text, const ParseOptions& options) {
+  return take_or_throw(parse_config_text(json_text, options), options.source_name, options);
 }
 
 }  // namespace zero3::config

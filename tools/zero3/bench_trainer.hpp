@@ -4,8 +4,6 @@
 // a Zero3Trainer.
 #pragma once
 
-#include <fmt/format.h>
-
 #include <memory>
 #include <string>
 #include <string_view>
@@ -14,28 +12,20 @@
 #include "bench_model.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
-#include "zero3/core/error.hpp"
 #include "zero3/engine/engine.hpp"
 
 namespace zero3::tools {
 
 inline constexpr std::uint64_t kDataSeed = 7;
 
-// A benchmark's built-in DeepSpeed config, parsed for the job's world size; Error listing the problems when
-// it is not runnable (a bug in the benchmark, not user input).
+// A benchmark's built-in DeepSpeed config, parsed for the job's world size (ConfigError listing the problems
+// when it is not runnable: a bug in the benchmark, not user input).
 inline config::Config parse_builtin_config(const std::string& text, int world_size, std::string_view command) {
   config::ParseOptions options;
   options.world_size = world_size;
   options.world_size_source = "the job";
   options.source_name = std::string(command);
-  const config::ParseResult r = config::parse_config_text(text, options);
-  if (!r.runnable()) {
-    std::string msg;
-    for (const auto& d : r.errors) msg += "\n  " + config::format_diagnostic("error", d);
-    for (const auto& d : r.not_implemented) msg += "\n  " + config::format_diagnostic("not implemented", d);
-    throw Error(fmt::format("{}: its built-in config was rejected:{}", command, msg));
-  }
-  return *r.config;
+  return config::load_config_text_or_throw(text, options);
 }
 
 inline model::Batch<float> batch_for(const model::ModelConfig& mc, const comm::World& world, int micro_batch,

@@ -235,14 +235,7 @@ void run_train(const TrainOptions& o) {
   po.world_size = world.size;
   po.world_size_source = world.source;
   po.source_name = o.config;
-  const config::ParseResult parsed = config::parse_config_text(patched_config(o), po);
-  if (!parsed.runnable()) {
-    std::string msg;
-    for (const auto& d : parsed.errors) msg += "\n  " + config::format_diagnostic("error", d);
-    for (const auto& d : parsed.not_implemented) msg += "\n  " + config::format_diagnostic("not implemented", d);
-    throw ConfigError(fmt::format("{}: the config cannot be trained:{}", o.config, msg));
-  }
-  const config::Config& cfg = *parsed.config;
+  const config::Config cfg = config::load_config_text_or_throw(patched_config(o), po);
   if (!cfg.zero3.model || cfg.zero3.model->type != config::ModelType::gpt) {
     throw ConfigError(fmt::format("{}: zero3.model: zero3 train needs a \"gpt\" model block", o.config));
   }

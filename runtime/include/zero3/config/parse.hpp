@@ -57,6 +57,8 @@ std::string to_json(const Config& config, int indent = 2);
 // For programs that just want a config: throws zero3::ConfigError listing every error (and, unless
 // options.allow_not_implemented, every not-implemented feature). Warnings and resolutions are logged.
 Config load_config_or_throw(const std::string& path, const ParseOptions& options = {});
+// The same for config text already in hand (built in, or patched by overrides); options.source_name names it.
+Config load_config_text_or_throw(std::string_view json_text, const ParseOptions& options = {});
 
 // "error: <path>: <message>", "warning: ...", "not implemented: ..." (kind is the prefix without ": ").
 std::string format_diagnostic(std::string_view kind, const Diagnostic& d);
