@@ -11,5 +11,8 @@ mpi_flags=(--oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
 [ "$(id -u)" -eq 0 ] && mpi_flags+=(--allow-run-as-root)
 echo "== zero3 config check configs/zero3-offload-optimizer.json --world-size 2"
 build/bin/zero3 config check configs/zero3-offload-optimizer.json --world-size 2 >/dev/null && echo "config OK"
+# Under mpirun a rank cannot tell whether the output ends up on a terminal; this script can.
+progress=off
+[ -t 1 ] && progress=on
 echo "== mpirun -np 2 zero3 train --config configs/gpt-tiny-offload.json"
-mpirun "${mpi_flags[@]}" -np 2 build/bin/zero3 train --config configs/gpt-tiny-offload.json
+mpirun "${mpi_flags[@]}" -np 2 build/bin/zero3 train --config configs/gpt-tiny-offload.json --progress "$progress"

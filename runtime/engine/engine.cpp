@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "engine_impl.hpp"
@@ -97,10 +98,8 @@ std::shared_ptr<comm::Communicator> make_communicator(const config::Config& conf
 Engine::Impl::Impl(const config::Config& cfg, const comm::World& w, EngineResources resources)
     : config(cfg), world(w), dtype(cfg.model_dtype()), comm_dtype(cfg.communication_data_type) {
   check_config(config, world);
-  // wall_clock_breakdown: where an offloaded step's time goes (EngineStats::last_step_offload).
-  const bool offloading = config.zero.offload_optimizer.device == OffloadDevice::cpu ||
-                          config.zero.offload_param.device == OffloadDevice::cpu;
-  timeline = std::make_unique<engine::Timeline>(config.wall_clock_breakdown && offloading);
+  // wall_clock_breakdown: where a step's time goes (EngineStats::last_step_times, last_step_offload).
+  timeline = std::make_unique<engine::Timeline>(config.wall_clock_breakdown);
   if (config.data_types.grad_accum_dtype && *config.data_types.grad_accum_dtype != DType::f32 && world.rank == 0) {
     log::warn(
         "data_types.grad_accum_dtype: {} is accepted, but zero3 accumulates gradients in fp32 (its optimizer "
@@ -312,11 +311,23 @@ StepResult Engine::Impl::step() {
   micro_steps = 0;
   r.boundary = true;
   // The step may update persistent params that compute work enqueued so far still reads.
+  const auto started = std::chrono::steady_clock::now();
   compute->record(*compute_done);
   comm_stream->wait(*compute_done);
   coordinator->end_window();
+  const bool timed = timeline->enabled();
+  if (timed) comm_stream->synchronize();  // the reductions (wall_clock_breakdown only)
+  const auto reduced = std::chrono::steady_clock::now();
   const engine::StepOutcome out = optimizer_step->run();
-  stats.last_step_offload = timeline->summarize();
+  if (timed) comm_stream->synchronize();
+  const engine::Timeline::Summary times = timeline->summarize();
+  stats.last_step_offload = times.offload;
+  if (timed) {
+    const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    stats.last_step_times.gather_wait_ms = times.gather_wait_ms;
+    stats.last_step_times.reduce_wait_ms = ms(reduced - started);
+    stats.last_step_times.optimizer_ms = ms(std::chrono::steady_clock::now() - reduced);
+  }
   optimizer_step->optimizer().set_final_micro_step(gas == 1);
   if (out.applied) coordinator->refresh_persistent();
   ++global_step;
@@ -467,6 +478,9 @@ Engine::GradScope Engine::grads(std::string_view unit) {
                     unit, unit));
   }
   if (open(true)) throw UsageError(fmt::format("grads('{}'): a GradScope of this unit is already open", unit));
+  if (impl.untraced) {
+    throw UsageError(fmt::format("grads('{}'): an UntracedScope is open (forward-only gathers); close it first", unit));
+  }
   Buffer buffer = impl.reducer->open(u);
   const std::uint64_t token = impl.next_token++;
   impl.scopes.push_back(
@@ -543,7 +557,29 @@ std::vector<ParamSpec> Engine::unit_params(std::string_view unit) const {
   throw UsageError(fmt::format("unit_params: no unit named '{}'", unit));
 }
 
+Engine::UntracedScope Engine::untraced() {
+  Impl& impl = *impl_;
+  impl.check_call("untraced()", true);
+  if (impl.untraced) throw UsageError("untraced(): an UntracedScope is already open");
+  impl.untraced = true;
+  impl.coordinator->set_traced(false);
+  return UntracedScope(this);
+}
+
 // ---------------------------------------------------------------- scopes
+
+Engine::UntracedScope::UntracedScope(UntracedScope&& other) noexcept : engine_(std::exchange(other.engine_, nullptr)) {}
+
+Engine::UntracedScope::~UntracedScope() {
+  close();
+}
+
+void Engine::UntracedScope::close() {
+  if (engine_ == nullptr) return;
+  Impl& impl = *std::exchange(engine_, nullptr)->impl_;
+  impl.untraced = false;
+  impl.coordinator->set_traced(true);
+}
 
 Engine::GatherScope::GatherScope(Engine* engine, std::size_t unit_index, std::uint64_t token)
     : engine_(engine), unit_index_(unit_index), token_(token) {}

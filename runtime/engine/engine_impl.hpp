@@ -83,6 +83,7 @@ struct Engine::Impl {
 
   std::vector<OpenScope> scopes;  // open scopes, in opening order
   std::uint64_t next_token = 1;
+  bool untraced = false;  // an UntracedScope is open
   std::exception_ptr kept_error;
   EngineStats stats;
   std::int64_t micro_steps = 0;  // in the current accumulation window

@@ -76,23 +76,28 @@ void GatherCoordinator::acquire(std::size_t unit) {
     ++s.open;
     return;
   }
-  check_trace(unit);
-  s.last_pos = pos_++;
+  if (traced_) {
+    check_trace(unit);
+    s.last_pos = pos_++;
+  }
   switch (s.state) {
     case State::released:
       gather(unit, /*prefetched=*/false);
       [[fallthrough]];
-    case State::in_flight:
+    case State::in_flight: {
+      const std::uint64_t stall = timeline_.begin(compute_, Timeline::Lane::gather_wait);
       compute_.wait(*s.ready);
+      timeline_.end(compute_, stall);
       if (s.prefetched) prefetch_inflight_ -= layout_.units[unit].numel;
       s.prefetched = false;
       s.state = State::available;
       break;
+    }
     case State::available:
       break;
   }
   ++s.open;
-  if (!recording_) prefetch();
+  if (!recording_ && traced_) prefetch();
 }
 
 void GatherCoordinator::check_trace(std::size_t unit) {
@@ -171,7 +176,7 @@ void GatherCoordinator::prefetch() {
 }
 
 bool GatherCoordinator::keep_for_reuse(std::size_t unit) const {
-  if (recording_ || max_reuse_ == 0) return false;
+  if (recording_ || !traced_ || max_reuse_ == 0) return false;
   const std::size_t k = units_[unit].last_pos;
   if (k >= next_use_.size()) return false;
   const std::size_t j = next_use_[k];

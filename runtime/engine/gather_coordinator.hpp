@@ -57,6 +57,9 @@ class GatherCoordinator {
   void refresh_persistent();
   // Frees released buffers whose last use has completed (non-blocking).
   void reclaim() { frees_.reclaim(); }
+  // false: acquires neither follow nor extend the trace, nothing is prefetched, and released units are
+  // freed at once (Engine::untraced()).
+  void set_traced(bool traced) { traced_ = traced; }
 
  private:
   enum class State : std::uint8_t { released, in_flight, available };
@@ -102,6 +105,7 @@ class GatherCoordinator {
   // The trace: non-persistent units in acquire order over one accumulation window.
   std::vector<std::size_t> trace_;
   bool recording_ = true;                    // this window (re)records the trace
+  bool traced_ = true;                       // false inside Engine::untraced()
   std::size_t pos_ = 0;                      // acquires so far in this window
   std::vector<std::size_t> next_use_;        // per trace position: the next position of the same unit, or npos
   std::vector<std::uint64_t> prefix_elems_;  // per trace position k: numel of trace[0, k)

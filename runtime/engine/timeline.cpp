@@ -69,9 +69,10 @@ std::vector<Span> merged(std::vector<Span> spans) {
 
 }  // namespace
 
-OffloadTimes Timeline::summarize() {
+Timeline::Summary Timeline::summarize() {
   std::vector<Interval> done;
-  OffloadTimes t;
+  Summary summary;
+  OffloadTimes& t = summary.offload;
   {
     std::lock_guard lock(mutex_);
     for (auto it = intervals_.begin(); it != intervals_.end();) {
@@ -106,6 +107,9 @@ OffloadTimes Timeline::summarize() {
         t.cpu_ms += ms(i.end - i.start);
         other.push_back(s);
         break;
+      case Lane::gather_wait:
+        summary.gather_wait_ms += ms(i.end - i.start);
+        break;
     }
   }
   const std::vector<Span> busy = merged(std::move(other));
@@ -119,7 +123,7 @@ OffloadTimes Timeline::summarize() {
       if (b > a) t.copies_hidden_ms += ms(b - a);
     }
   }
-  return t;
+  return summary;
 }
 
 }  // namespace zero3::engine

@@ -1,9 +1,10 @@
-// Where a step's time goes under CPU offload, measured when wall_clock_breakdown is set: the intervals in
+// Where a step's time goes, measured when wall_clock_breakdown is set. Under CPU offload: the intervals in
 // which the host<->device copies ran (from timestamps taken in stream order, by host functions enqueued
 // around each copy), and those in which other work ran (compute-stream work between a scope's opening and
 // its closing, the gradient worker's accumulation, the CPU optimizer). A copy's time is "hidden" where it
-// overlaps other work. Recording is thread-safe (stream workers, CUDA callback threads, the engine
-// thread); summarize() is called by the engine thread once the recorded work has completed.
+// overlaps other work. Always: the compute stream's stalls on gathers. Recording is thread-safe (stream workers, CUDA
+// callback threads, the engine thread); summarize() is called by the engine thread once the recorded work has
+// completed.
 #pragma once
 
 #include <chrono>
@@ -19,7 +20,7 @@ namespace zero3::engine {
 
 class Timeline {
  public:
-  enum class Lane : std::uint8_t { d2h, h2d, compute, cpu };
+  enum class Lane : std::uint8_t { d2h, h2d, compute, cpu, gather_wait };
   using Clock = std::chrono::steady_clock;
 
   explicit Timeline(bool enabled) : enabled_(enabled) {}
@@ -34,9 +35,13 @@ class Timeline {
   // Bytes moved by the copies of a lane (always counted).
   void add_bytes(Lane lane, std::uint64_t bytes);
 
+  struct Summary {
+    OffloadTimes offload;
+    double gather_wait_ms = 0.0;
+  };
   // Totals of the intervals completed since the last call (both stamps taken), which it forgets;
   // intervals still in flight count in a later call.
-  OffloadTimes summarize();
+  Summary summarize();
 
  private:
   struct Interval {

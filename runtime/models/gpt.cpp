@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gpt_ops.hpp"
+#include "host_adapter.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models {
@@ -180,7 +181,7 @@ void GptModel<T>::check_unit_params(const char* what, std::size_t unit, std::siz
 
 template <typename T>
 void GptModel<T>::forward_unit(std::size_t unit, std::span<const T* const> params) {
-  if (unit != next_forward_ || len_ == 0) {
+  if (unit != next_forward_ || unit >= num_units() || len_ == 0) {
     throw UsageError(
         fmt::format("GptModel::forward_unit: unit {} called, expected unit {} (units run in order "
                     "after set_batch)",
@@ -391,5 +392,20 @@ std::size_t GptModel<T>::activation_bytes() const {
 
 template class GptModel<float>;
 template class GptModel<double>;
+
+}  // namespace zero3::models
+
+namespace zero3::models {
+
+std::string describe(const GptConfig& config) {
+  return fmt::format("GPT {} layers, hidden {}, {} heads, vocab {}, context {}", config.layers, config.hidden,
+                     config.heads, config.vocab_size, config.seq_len);
+}
+
+std::unique_ptr<UnitModel> make_host_gpt(const GptConfig& config) {
+  validate(config);
+  return std::make_unique<detail::HostAdapter<GptModel<float>>>(GptModel<float>(config), gpt_units(config),
+                                                                describe(config));
+}
 
 }  // namespace zero3::models

@@ -477,6 +477,62 @@ TEST_CASE("a changed gather order rebuilds the trace once", "[engine][gather]") 
   CHECK(e->stats().trace_rebuilds == 2);
 }
 
+TEST_CASE("an evaluation pass inside untraced() leaves the trace alone", "[engine][gather]") {
+  ConfigText text;
+  text.zero = R"("stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 3000,
+                 "stage3_max_live_parameters": 5000, "stage3_param_persistence_threshold": 0)";
+  auto e = make_engine(text);
+  declare(*e, kLayers);
+  const std::vector<std::string> order = names(kLayers);
+  const auto eval = [&] {
+    const Engine::UntracedScope untraced = e->untraced();
+    for (const std::string& u : order) {
+      auto g = e->gather(u);
+      check_throws<UsageError>([&] { (void)e->grads(u); }, {"UntracedScope"});
+    }
+  };
+  for (int window = 0; window < 4; ++window) {
+    forward_backward(*e, order, window);
+    CHECK(e->step().applied);
+    eval();
+  }
+  CHECK(e->stats().trace_rebuilds == 0);
+  CHECK(e->stats().gathered_elems == 0);
+  {
+    const Engine::UntracedScope untraced = e->untraced();
+    check_throws<UsageError>([&] { (void)e->untraced(); }, {"already open"});
+  }
+  // The same pass without untraced() is a change of order (the control: the check above can fail).
+  for (const std::string& u : order) auto g = e->gather(u);
+  forward_backward(*e, order, 4);
+  CHECK(e->step().applied);
+  CHECK(e->stats().trace_rebuilds == 1);
+}
+
+TEST_CASE("wall_clock_breakdown reports the step's waits and optimizer time", "[engine][timing]") {
+  for (const bool timed : {false, true}) {
+    ConfigText text;
+    text.zero = R"("stage3_param_persistence_threshold": 0)";
+    text.top = timed ? R"("wall_clock_breakdown": true)" : R"("wall_clock_breakdown": false)";
+    auto e = make_engine(text);
+    declare(*e, kLayers);
+    for (int window = 0; window < 3; ++window) {
+      forward_backward(*e, names(kLayers), window);
+      CHECK(e->step().applied);
+    }
+    const StepTimes t = e->stats().last_step_times;
+    if (timed) {
+      CHECK(t.optimizer_ms > 0.0);
+      CHECK(t.reduce_wait_ms >= 0.0);
+      CHECK(t.gather_wait_ms >= 0.0);
+    } else {
+      CHECK(t.optimizer_ms == 0.0);
+      CHECK(t.reduce_wait_ms == 0.0);
+      CHECK(t.gather_wait_ms == 0.0);
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ comm volume
 
 TEST_CASE("one all-gather per use and one reduce-scatter per unit", "[engine][comm]") {

@@ -3,7 +3,8 @@
 # (within 0.1 nats/token, and not below it) at world size 2 with CPU offload; two runs with one seed give
 # the same curve bit for bit; world sizes 1 and 2 give the same curve within fp32 tolerance; bad input
 # (missing token file, token id >= vocab, unknown model field, context longer than the data) is a clear
-# error and a non-zero exit.
+# error and a non-zero exit; the MLP quick job reaches the floor; wall_clock_breakdown's step split adds up
+# and leaves the numbers alone; `zero3 bench train` runs.
 # Usage: train_cli_test.sh ZERO3_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -u
 zero3="$1"
@@ -20,7 +21,7 @@ fail() {
 }
 
 # 1. The README job: gpt-tiny-offload over 2 ranks reaches the floor.
-"$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --config "$configs/gpt-tiny-offload.json" \
+"$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --progress off --config "$configs/gpt-tiny-offload.json" \
   --metrics "$tmp/tiny.jsonl" >"$tmp/tiny.out" 2>&1 || fail "gpt-tiny-offload run failed: $(tail -n 5 "$tmp/tiny.out")"
 python3 - "$tmp/tiny.jsonl" <<'PY' || fail "gpt-tiny-offload did not reach the entropy floor"
 import json, sys
@@ -41,7 +42,7 @@ c.pop("bf16", None)
 open(sys.argv[2], "w").write(json.dumps(c))
 PY
 for run in a b; do
-  "$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --config "$tmp/fp32.json" --steps 30 --log-interval 5 \
+  "$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --progress off --config "$tmp/fp32.json" --steps 30 --log-interval 5 \
     --metrics "$tmp/w2$run.jsonl" >"$tmp/w2$run.out" 2>&1 || fail "fp32 run $run at np 2 failed"
 done
 "$zero3" train --config "$tmp/fp32.json" --steps 30 --log-interval 5 --metrics "$tmp/w1.jsonl" >"$tmp/w1.out" 2>&1 ||
@@ -109,6 +110,66 @@ c["zero3"]["model"]["layerz"] = 2
 open(sys.argv[2], "w").write(json.dumps(c))
 PY
 expect_error "unknown model field" "zero3.model.layerz" --config "$tmp/unknown.json"
+
+# 5. The MLP quick job reaches the floor too (it sees the last seq_len = markov_order tokens).
+"$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --progress off --config "$configs/mlp-tiny.json" \
+  --metrics "$tmp/mlp.jsonl" >"$tmp/mlp.out" 2>&1 || fail "mlp-tiny run failed: $(tail -n 5 "$tmp/mlp.out")"
+python3 - "$tmp/mlp.jsonl" <<'PY' || fail "mlp-tiny did not reach the entropy floor"
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1])][-1]
+gap = last["heldout_loss"] - last["entropy_floor"]
+print(f"mlp-tiny: {last['step']} steps, held-out {last['heldout_loss']:.4f}, floor {last['entropy_floor']:.4f}, gap {gap:+.4f}")
+sys.exit(0 if 0.0 <= gap <= 0.1 else 1)
+PY
+
+# 6. wall_clock_breakdown: the step split is reported, adds up, and does not change the numbers.
+python3 - "$tmp/fp32.json" "$tmp/wcb.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["wall_clock_breakdown"] = True
+c["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+open(sys.argv[2], "w").write(json.dumps(c))
+c["wall_clock_breakdown"] = False
+open(sys.argv[2] + ".off", "w").write(json.dumps(c))
+PY
+start=$(date +%s%N)
+"$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --progress off --config "$tmp/wcb.json" --steps 20 --log-interval 5 \
+  --metrics "$tmp/wcb.jsonl" >"$tmp/wcb.out" 2>&1 || fail "wall_clock_breakdown run failed"
+wall_ns=$(($(date +%s%N) - start))
+"$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --progress off --config "$tmp/wcb.json.off" --steps 20 --log-interval 5 \
+  --metrics "$tmp/wcb-off.jsonl" >"$tmp/wcb-off.out" 2>&1 || fail "run without wall_clock_breakdown failed"
+grep -q "time/step .* = forward .* + backward .* + step .*waiting for gathers" "$tmp/wcb.out" ||
+  fail "no time split line in: $(head -c 600 "$tmp/wcb.out")"
+python3 - "$tmp/wcb.jsonl" "$tmp/wcb-off.jsonl" "$wall_ns" <<'PY' || fail "step split"
+import json, sys
+on = [json.loads(l) for l in open(sys.argv[1])]
+off = [json.loads(l) for l in open(sys.argv[2])]
+wall = int(sys.argv[3]) / 1e9
+assert [(r["loss"], r["grad_norm"]) for r in on] == [(r["loss"], r["grad_norm"]) for r in off], "timing changed the numbers"
+assert all("time_ms" not in r for r in off)
+for r in on:
+    t = r["time_ms"]
+    parts = t["forward"] + t["backward"] + t["step"]
+    assert all(v >= 0 for v in t.values()), t
+    assert abs(parts - t["total"]) <= 1e-6 * max(1.0, t["total"]), t
+    assert t["forward"] > 0 and t["backward"] > 0 and t["optimizer"] > 0, t
+    assert t["optimizer"] + t["reduce_wait"] <= t["step"] * 1.01 + 0.05, t
+    # 5 steps per line: the split cannot exceed the run's wall time
+    assert 5 * t["total"] / 1000 <= wall, (t, wall)
+print("step split:", on[-1]["time_ms"])
+PY
+
+# 7. zero3 bench train runs its matrix (world sizes 1 and 2, with and without offload) on the tiny job.
+"$zero3" bench train --config "$configs/gpt-tiny-offload.json" --world-sizes 1,2 --steps 2 --json \
+  --mpirun "$mpiexec" >"$tmp/bench.json" 2>"$tmp/bench.err" || fail "bench train failed: $(tail -n 8 "$tmp/bench.err")"
+python3 - "$tmp/bench.json" <<'PY' || fail "bench train JSON"
+import json, sys
+r = json.load(open(sys.argv[1]))["results"]
+assert [(c["world_size"], c["offload_optimizer"]) for c in r] == [(1, False), (1, True), (2, False), (2, True)], r
+for c in r:
+    assert c["tokens_per_s"] > 0 and c["time_ms"]["total"] > 0, c
+print("bench train:", [(c["world_size"], c["offload_optimizer"], round(c["tokens_per_s"])) for c in r])
+PY
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures failure(s)"

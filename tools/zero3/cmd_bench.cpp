@@ -280,6 +280,7 @@ void add_bench_command(CLI::App& app) {
   engine->callback([opt] { run_bench(*opt); });
   add_bench_cpu_optimizer_command(*bench);
   add_bench_offload_command(*bench);
+  add_bench_train_command(*bench);
 }
 
 }  // namespace zero3::tools

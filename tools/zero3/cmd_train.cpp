@@ -23,9 +23,12 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.hpp"
+#include "train_model.hpp"
+#include "unit_trainer.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
@@ -42,6 +45,10 @@ namespace {
 
 using Json = nlohmann::json;
 
+// Predicted tokens in a held-out measurement by default: its standard error is then ~0.02 nats, well
+// inside the 0.05 margin of the entropy-floor check.
+constexpr std::int64_t kHeldoutTokens = 4096;
+
 struct TrainOptions {
   std::string config;
   std::optional<std::int64_t> steps;
@@ -49,7 +56,9 @@ struct TrainOptions {
   std::string metrics;
   // "--model.layers 4" and the like: key path under "zero3" -> JSON value text.
   std::map<std::string, std::string> overrides;
-  std::int64_t heldout_samples = 128;
+  std::string progress = "auto";  // the progress line: "auto" (stdout is a terminal), "on", "off"
+  // Held-out windows per measurement; default: enough for 4096 predicted tokens (128 GPT windows of 32).
+  std::optional<std::int64_t> heldout_samples;
 };
 
 // The config file with the overrides written into its "zero3" block.
@@ -134,99 +143,56 @@ double sum_over_ranks(comm::Bootstrap& b, double v) {
   return sum;
 }
 
-// The GPT driven through the engine's scopes. Compute runs on this thread over the gathered params (host
-// device memory), after the compute stream has delivered them; 16-bit params are widened into float
-// scratch and gradients rounded back into the engine's buffers.
-class GptTrainer {
- public:
-  GptTrainer(const config::Config& cfg, const comm::World& world, std::shared_ptr<comm::Bootstrap> bootstrap,
-             const models::GptConfig& gc)
-      : gc_(gc), units_(models::gpt_units(gc)), model_(gc), engine_(cfg, world, resources(bootstrap)) {
-    if (engine_.device().kind() != DeviceKind::host) {
-      throw ConfigError(
-          "zero3.device: the GPT's compute runs on the host (OpenBLAS); its CUDA kernels are not there yet, so "
-          "zero3 train needs \"host\"");
-    }
-    for (const UnitSpec& u : units_) engine_.add_unit(u);
-    engine_.finalize();
+// Peak bytes per (memory kind, category) and per kind's total on every rank, as a table on rank 0 (one
+// column per rank, MiB). Collective.
+std::string peak_memory_table(comm::Bootstrap& b, const MemoryTracker& m) {
+  std::vector<std::uint64_t> mine;
+  for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    for (std::size_t c = 0; c < kNumMemCategories; ++c)
+      mine.push_back(m.get(static_cast<MemoryKind>(k), static_cast<MemCategory>(c)).peak_bytes);
+    mine.push_back(m.total(static_cast<MemoryKind>(k)).peak_bytes);
   }
-
-  Engine& engine() { return engine_; }
-  std::size_t activation_bytes() const { return model_.activation_bytes(); }
-
-  // Forward and backward of one micro-batch; returns its mean loss.
-  double micro_step(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets, int batch) {
-    model_.set_batch(tokens, targets, batch, static_cast<int>(gc_.seq_len), models::GptModel<float>::Pass::train);
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      Engine::GatherScope g = engine_.gather(units_[u].name);
-      engine_.compute_stream().synchronize();
-      model_.forward_unit(u, widen(u, g));
+  std::vector<std::byte> bytes(mine.size() * sizeof(std::uint64_t));
+  std::memcpy(bytes.data(), mine.data(), bytes.size());
+  const std::vector<std::byte> all = b.all_gather(bytes);
+  const std::size_t ranks = all.size() / bytes.size();
+  const auto at = [&](std::size_t rank, std::size_t i) {
+    std::uint64_t v = 0;
+    std::memcpy(&v, all.data() + rank * bytes.size() + i * sizeof v, sizeof v);
+    return v;
+  };
+  std::string out = fmt::format("{:<34}", "peak MiB");
+  for (std::size_t r = 0; r < ranks; ++r) out += fmt::format(" {:>10}", fmt::format("rank {}", r));
+  out += '\n';
+  for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    for (std::size_t c = 0; c <= kNumMemCategories; ++c) {
+      const std::size_t i = k * (kNumMemCategories + 1) + c;
+      bool any = false;
+      for (std::size_t r = 0; r < ranks; ++r) any = any || at(r, i) != 0;
+      if (!any) continue;
+      const std::string name = c == kNumMemCategories
+                                   ? fmt::format("{} total", memory_kind_name(static_cast<MemoryKind>(k)))
+                                   : fmt::format("{} {}", memory_kind_name(static_cast<MemoryKind>(k)),
+                                                 mem_category_name(static_cast<MemCategory>(c)));
+      out += fmt::format("  {:<32}", name);
+      for (std::size_t r = 0; r < ranks; ++r)
+        out += fmt::format(" {:>10.2f}", static_cast<double>(at(r, i)) / (1 << 20));
+      out += '\n';
     }
-    const double loss = model_.loss();
-    const auto seed = static_cast<float>(engine_.loss_multiplier());
-    for (std::size_t u = units_.size(); u-- > 0;) {
-      Engine::GatherScope g = engine_.gather(units_[u].name);
-      Engine::GradScope gr = engine_.grads(units_[u].name);
-      engine_.compute_stream().synchronize();  // the gather and the zero fill of the gradient buffers
-      const std::vector<const float*> params = widen(u, g);
-      std::vector<float*> grads;
-      grad_scratch_.resize(units_[u].params.size());
-      for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
-        grad_scratch_[k].assign(units_[u].params[k].numel(), 0.0f);
-        grads.push_back(grad_scratch_[k].data());
-      }
-      model_.backward_unit(u, params, grads, seed);
-      for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
-        const BufferView out = gr.grad(units_[u].params[k].name);
-        for (std::size_t i = 0; i < out.count; ++i) store_from_float(out.data, out.dtype, i, grad_scratch_[k][i]);
-      }
-    }
-    return loss;
   }
+  return out;
+}
 
-  // Loss of a forward-only pass (collective: every rank gathers every unit, even with no samples).
-  double eval(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets, int batch) {
-    if (batch > 0) {
-      model_.set_batch(tokens, targets, batch, static_cast<int>(gc_.seq_len), models::GptModel<float>::Pass::eval);
-    }
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      Engine::GatherScope g = engine_.gather(units_[u].name);
-      engine_.compute_stream().synchronize();
-      if (batch > 0) model_.forward_unit(u, widen(u, g));
-    }
-    return batch > 0 ? model_.loss() : 0.0;
-  }
-
- private:
-  static EngineResources resources(std::shared_ptr<comm::Bootstrap> bootstrap) {
-    EngineResources r;
-    r.bootstrap = std::move(bootstrap);
-    return r;
-  }
-
-  std::vector<const float*> widen(std::size_t u, const Engine::GatherScope& g) {
-    std::vector<const float*> ptrs;
-    param_scratch_.resize(units_[u].params.size());
-    for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
-      const BufferView v = g.param(units_[u].params[k].name);
-      if (v.dtype == DType::f32) {
-        ptrs.push_back(v.as<const float>());
-        continue;
-      }
-      param_scratch_[k].resize(v.count);
-      for (std::size_t i = 0; i < v.count; ++i) param_scratch_[k][i] = load_as_float(v.data, v.dtype, i);
-      ptrs.push_back(param_scratch_[k].data());
-    }
-    return ptrs;
-  }
-
-  models::GptConfig gc_;
-  std::vector<UnitSpec> units_;
-  models::GptModel<float> model_;
-  std::vector<std::vector<float>> param_scratch_;
-  std::vector<std::vector<float>> grad_scratch_;
-  Engine engine_;  // last: its destructor drains the streams while the scratch above still exists
-};
+Json split_json(const StepSplit& s) {
+  return {{"forward", s.forward_ms},
+          {"backward", s.backward_ms},
+          {"step", s.step_ms},
+          {"gather_wait", s.gather_wait_ms},
+          {"reduce_wait", s.reduce_wait_ms},
+          {"optimizer", s.optimizer_ms},
+          {"copies_exposed", s.copies_exposed_ms},
+          {"total", s.total_ms()}};
+}
 
 void run_train(const TrainOptions& o) {
   const comm::World world = comm::World::from_environment();
@@ -236,18 +202,12 @@ void run_train(const TrainOptions& o) {
   po.world_size_source = world.source;
   po.source_name = o.config;
   const config::Config cfg = config::load_config_text_or_throw(patched_config(o), po);
-  if (!cfg.zero3.model || cfg.zero3.model->type != config::ModelType::gpt) {
-    throw ConfigError(fmt::format("{}: zero3.model: zero3 train needs a \"gpt\" model block", o.config));
+  if (!cfg.zero3.model) {
+    throw ConfigError(fmt::format("{}: zero3.model: zero3 train needs a model block (\"gpt\" or \"mlp\")", o.config));
   }
   if (!cfg.zero3.run) throw ConfigError(fmt::format("{}: zero3.run.steps (or --steps) is required", o.config));
   const config::ModelSettings& ms = *cfg.zero3.model;
-  models::GptConfig gc;
-  gc.vocab_size = ms.vocab_size;
-  gc.seq_len = ms.seq_len;
-  gc.layers = ms.layers;
-  gc.hidden = ms.hidden_size;
-  gc.heads = ms.heads;
-  models::validate(gc);
+  validate_train_model(ms);
 
   data::TokenSourceOptions so;
   so.source = cfg.zero3.data.source;
@@ -274,27 +234,31 @@ void run_train(const TrainOptions& o) {
   sop.rank = world.rank;
   sop.seed = cfg.zero3.seed;
   const data::DistributedSampler sampler(sop);
-  const std::int64_t heldout_total =
-      std::min<std::int64_t>(o.heldout_samples, source->num_samples(data::Split::heldout, context));
+  const std::int64_t heldout_total = std::min<std::int64_t>(
+      o.heldout_samples.value_or((kHeldoutTokens + predictions_per_window(ms) - 1) / predictions_per_window(ms)),
+      source->num_samples(data::Split::heldout, context));
   if (heldout_total < 1) {
     throw ConfigError(fmt::format("zero3.model.seq_len: a context of {} tokens leaves no held-out sample in {}",
                                   context, source->describe()));
   }
+  // OpenBLAS threads: this rank's share of the node's cores (OpenBLAS would take them all in every rank).
+  const int cores = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  models::set_blas_threads(std::max(1, cores / std::max(1, world.local_size)));
 
   const std::shared_ptr<comm::Bootstrap> bootstrap = comm::make_mpi_bootstrap(world);
-  GptTrainer trainer(cfg, world, bootstrap, gc);
+  UnitTrainer trainer(cfg, world, bootstrap, [&](Device& device) { return make_train_model(ms, device); });
   const std::optional<double> floor = source->entropy_floor();
   const std::int64_t steps = cfg.zero3.run->steps;
   const std::int64_t interval = o.log_interval.value_or(cfg.steps_per_print.value_or(cfg.zero3.run->log_interval));
+  const std::int64_t predicted_per_step = global_batch * predictions_per_window(ms);
   std::ofstream metrics;
   if (!o.metrics.empty() && world.rank == 0) {
     metrics.open(o.metrics);
     if (!metrics) throw ConfigError(fmt::format("--metrics {}: cannot write: {}", o.metrics, std::strerror(errno)));
   }
   if (world.rank == 0) {
-    fmt::print("zero3 train: GPT {} layers, hidden {}, {} heads, vocab {}, context {}: {} params; {} ranks; {}\n",
-               gc.layers, gc.hidden, gc.heads, gc.vocab_size, gc.seq_len, models::gpt_num_params(gc), world.size,
-               source->describe());
+    fmt::print("zero3 train: {}: {} params; {} ranks on {}; {}\n", trainer.model().describe(), train_model_params(ms),
+               world.size, device_kind_name(trainer.engine().device().kind()), source->describe());
     if (floor) fmt::print("entropy floor (the data's entropy rate): {:.4f} nats/token\n", *floor);
     fmt::print("batch {} = micro {} x accumulation {} x {} ranks; {} steps\n", global_batch, micro, gas, world.size,
                steps);
@@ -308,22 +272,27 @@ void run_train(const TrainOptions& o) {
     tok.insert(tok.end(), w.begin(), w.end() - 1);
     tgt.insert(tgt.end(), w.begin() + 1, w.end());
   };
+  const int len = static_cast<int>(context);
   const auto heldout_loss = [&] {
     std::vector<std::int32_t> tok;
     std::vector<std::int32_t> tgt;
     int n = 0;
     for (std::int64_t i = world.rank; i < heldout_total; i += world.size, ++n)
       window(data::Split::heldout, i, tok, tgt);
-    const double mean = trainer.eval(tok, tgt, n);
+    const double mean = trainer.eval(tok, tgt, n, len);
     return sum_over_ranks(*bootstrap, mean * n) / static_cast<double>(heldout_total);
   };
 
   CsvMonitor csv(world.rank == 0 ? cfg.csv_monitor : config::MonitorConfig{});
-  const bool tty = world.rank == 0 && isatty(STDOUT_FILENO) == 1;  // a progress line between the log lines
-  std::size_t reported_activations = 0;
+  // A progress line between the log lines. Under mpirun a rank's stdout is a pseudo-terminal even when
+  // mpirun's own output goes to a file, so "auto" can be fooled there: the line is redrawn at most twice a
+  // second, and --progress off turns it off.
+  const bool tty = world.rank == 0 && (o.progress == "on" || (o.progress == "auto" && isatty(STDOUT_FILENO) == 1));
+  auto t_drawn = std::chrono::steady_clock::time_point{};
   const auto t_start = std::chrono::steady_clock::now();
   auto t_last = t_start;
-  std::int64_t tokens_since = 0;
+  std::int64_t steps_since = 0;
+  StepSplit split_since;
   double last_heldout = 0.0;
   for (std::int64_t step = 0; step < steps; ++step) {
     double loss_sum = 0.0;
@@ -332,41 +301,47 @@ void run_train(const TrainOptions& o) {
       std::vector<std::int32_t> tok;
       std::vector<std::int32_t> tgt;
       for (const std::int64_t i : sampler.micro_batch(step, m, micro)) window(data::Split::train, i, tok, tgt);
-      loss_sum += trainer.micro_step(tok, tgt, static_cast<int>(micro));
-      r = trainer.engine().step();
+      loss_sum += trainer.micro_batch(tok, tgt, static_cast<int>(micro), len);
+      r = trainer.step();
     }
-    if (trainer.activation_bytes() != reported_activations) {  // the model's buffers, in the memory report
-      trainer.engine().memory().on_free(MemoryKind::pageable_host, MemCategory::activations, reported_activations);
-      reported_activations = trainer.activation_bytes();
-      trainer.engine().memory().on_alloc(MemoryKind::pageable_host, MemCategory::activations, reported_activations);
-    }
-    tokens_since += global_batch * context;
+    ++steps_since;
+    split_since += trainer.last_split();
     const std::int64_t samples = (step + 1) * global_batch;
     csv.write("Train/Samples/train_loss", loss_sum / static_cast<double>(gas), samples);
     csv.write("Train/Samples/lr", r.lr, samples);
     if (cfg.fp16.enabled) csv.write("Train/Samples/loss_scale", r.loss_scale, samples);
     const bool last = step + 1 == steps;
-    if (tty) {
+    if (tty && std::chrono::steady_clock::now() - t_drawn > std::chrono::milliseconds(500)) {
+      t_drawn = std::chrono::steady_clock::now();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(steps - step - 1);
       fmt::print("\r  step {}/{}  loss {:.4f}  {:.0f} tokens/s  ETA {:.0f} s   ", step + 1, steps,
-                 loss_sum / static_cast<double>(gas), static_cast<double>(samples * context) / elapsed, eta);
+                 loss_sum / static_cast<double>(gas), static_cast<double>((step + 1) * predicted_per_step) / elapsed,
+                 eta);
       std::fflush(stdout);
     }
     if ((step + 1) % interval != 0 && !last) continue;
     if (tty) fmt::print("\r{:80}\r", "");
+    // Throughput of the steps alone: the held-out pass below is not training time.
+    const auto now = std::chrono::steady_clock::now();
+    const double tps =
+        static_cast<double>(steps_since * predicted_per_step) / std::chrono::duration<double>(now - t_last).count();
+    const StepSplit split = split_since.scaled(1.0 / static_cast<double>(steps_since));
     const double train_loss = sum_over_ranks(*bootstrap, loss_sum / static_cast<double>(gas)) / world.size;
     last_heldout = heldout_loss();
-    const auto now = std::chrono::steady_clock::now();
-    const double tps = static_cast<double>(tokens_since) / std::chrono::duration<double>(now - t_last).count();
-    t_last = now;
-    tokens_since = 0;
     if (world.rank == 0) {
       fmt::print(
           "step {:>6}/{}  loss {:.4f}  heldout {:.4f}{}  lr {:.3e}  scale {:g}  grad norm {:.3f}  skipped {}  "
           "{:.0f} tokens/s\n",
           step + 1, steps, train_loss, last_heldout, floor ? fmt::format(" (floor {:.4f})", *floor) : std::string(),
           r.lr, r.loss_scale, r.grad_norm, r.skipped_steps, tps);
+      if (trainer.timed()) {
+        fmt::print(
+            "  time/step {:.2f} ms = forward {:.2f} + backward {:.2f} + step {:.2f} (optimizer {:.2f}); waiting for "
+            "gathers {:.2f}, reductions {:.2f}, offload copies {:.2f}\n",
+            split.total_ms(), split.forward_ms, split.backward_ms, split.step_ms, split.optimizer_ms,
+            split.gather_wait_ms, split.reduce_wait_ms, split.copies_exposed_ms);
+      }
       std::fflush(stdout);
       if (metrics.is_open()) {
         Json line = {{"step", step + 1},
@@ -378,6 +353,7 @@ void run_train(const TrainOptions& o) {
                      {"skipped_steps", r.skipped_steps},
                      {"tokens_per_s", tps}};
         if (floor) line["entropy_floor"] = *floor;
+        if (trainer.timed()) line["time_ms"] = split_json(split);
         metrics << line.dump() << '\n' << std::flush;
       }
     }
@@ -388,12 +364,16 @@ void run_train(const TrainOptions& o) {
           "on unseen data, so the model sees what it should not (a future token?)",
           step + 1, last_heldout, *floor));
     }
+    steps_since = 0;
+    split_since = {};
+    t_last = std::chrono::steady_clock::now();
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  const std::string memory = peak_memory_table(*bootstrap, trainer.engine().memory());
   if (world.rank == 0) {
     fmt::print("done: {} steps in {:.1f} s; held-out loss {:.4f}", steps, wall, last_heldout);
     if (floor) fmt::print(", {:+.4f} nats/token above the entropy floor {:.4f}", last_heldout - *floor, *floor);
-    fmt::print("\npeak memory on rank 0:\n{}", trainer.engine().memory().report());
+    fmt::print("\npeak memory per rank by kind and category:\n{}", memory);
     std::fflush(stdout);
   }
 }
@@ -402,7 +382,7 @@ void run_train(const TrainOptions& o) {
 
 void add_train_command(CLI::App& app) {
   auto opt = std::make_shared<TrainOptions>();
-  CLI::App* cmd = app.add_subcommand("train", "Train the GPT of a DeepSpeed config's \"zero3\" block (mpirun -np N)");
+  CLI::App* cmd = app.add_subcommand("train", "Train the model of a DeepSpeed config's \"zero3\" block (mpirun -np N)");
   cmd->add_option("--config", opt->config, "DeepSpeed JSON config with a \"zero3\" block (model, data, run)")
       ->required();
   cmd->add_option("--steps", opt->steps, "Optimizer steps of the run (zero3.run.steps)")
@@ -410,11 +390,14 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--log-interval", opt->log_interval, "Steps between log lines (default: steps_per_print)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   cmd->add_option("--metrics", opt->metrics, "Write one JSON object per logged step to this file (rank 0)");
-  cmd->add_option("--heldout-samples", opt->heldout_samples, "Held-out windows measured at each log line")
-      ->capture_default_str()
+  cmd->add_option("--progress", opt->progress, "Progress line between log lines: auto (stdout is a terminal), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--heldout-samples", opt->heldout_samples,
+                  "Held-out windows measured at each log line (default: 4096 predicted tokens' worth)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
-  for (const char* key : {"model.layers", "model.hidden_size", "model.heads", "model.vocab_size", "model.seq_len",
-                          "data.source", "data.markov_order", "seed"}) {
+  for (const char* key : {"model.type", "model.layers", "model.hidden_size", "model.heads", "model.vocab_size",
+                          "model.seq_len", "data.source", "data.markov_order", "seed"}) {
     cmd->add_option_function<std::string>(
         fmt::format("--{}", key), [opt, k = std::string(key)](const std::string& v) { opt->overrides[k] = v; },
         fmt::format("Override zero3.{}", key));

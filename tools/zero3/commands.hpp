@@ -16,5 +16,7 @@ void add_train_command(CLI::App& app);   // zero3 train: the GPT of a config thr
 void add_bench_cpu_optimizer_command(CLI::App& bench);
 // zero3 bench offload: step time with and without CPU offload, and the copies hidden behind other work
 void add_bench_offload_command(CLI::App& bench);
+// zero3 bench train: tokens/s and step-time split of a zero3 train job, world sizes x offload
+void add_bench_train_command(CLI::App& bench);
 
 }  // namespace zero3::tools

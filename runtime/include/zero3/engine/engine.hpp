@@ -94,6 +94,17 @@ struct OffloadTimes {
   double cpu_ms = 0.0;            // CPU work: gradient accumulation and the optimizer step
 };
 
+// Where the engine's part of the last accumulation window's time went, measured only with
+// wall_clock_breakdown. Gather waits come from timestamps taken in stream order around the compute stream's
+// wait for each gather (a host callback each on CUDA); at the boundary step() synchronizes the
+// communication stream before and after the optimizer so that the two host-side figures are exact (what
+// DeepSpeed's wall_clock_breakdown timers do too).
+struct StepTimes {
+  double gather_wait_ms = 0.0;  // the compute stream stalled until a gather (or an offloaded shard's copy) landed
+  double reduce_wait_ms = 0.0;  // step() waiting for the window's reductions (and their copies to host memory)
+  double optimizer_ms = 0.0;    // step() after that: norm, clipping, optimizer (CPU under offload), new params
+};
+
 // Counters of the engine's work, for tests, benchmarks and reports. Element counts are of params, without
 // the layout's padding; the memory tracker (memory()) measures the padded buffers.
 struct EngineStats {
@@ -111,6 +122,7 @@ struct EngineStats {
   // CPU offload traffic of the last completed accumulation window (copies and CPU work complete by its
   // boundary: the previous step's host-to-device copies, this window's gradients).
   OffloadTimes last_step_offload;
+  StepTimes last_step_times;  // with wall_clock_breakdown; zeros otherwise
 };
 
 // The state the engine keeps per param, for gather_tensor(). exp_avg is Adam's/Lion's first moment;
@@ -131,6 +143,7 @@ class Engine {
  public:
   class GatherScope;
   class GradScope;
+  class UntracedScope;
 
   // Validates that `config` is runnable by this engine (stage 3, an optimizer, ...; ConfigError naming the
   // key otherwise), makes the device (zero3.device), the MPI bootstrap and the communicator for `world`
@@ -156,6 +169,10 @@ class Engine {
   // of the unit's trainable params. Closing the scope reduce-scatters them (bucketed, on the communication
   // stream, after the work enqueued on compute_stream() so far) into this rank's gradient accumulator.
   GradScope grads(std::string_view unit);
+  // Gathers opened while the returned scope lives are made on demand, outside the traced gather order: for
+  // a forward-only pass between training steps (held-out loss), which must neither disturb the prefetch
+  // schedule nor be prefetched by it. grads() throws meanwhile. Not nestable (UsageError).
+  UntracedScope untraced();
 
   // Multiply the loss by this before backward: loss_scale / gradient_accumulation_steps.
   double loss_multiplier() const;
@@ -223,6 +240,21 @@ class Engine {
     Engine* engine_;
     std::size_t unit_index_;
     std::uint64_t token_;
+  };
+
+  class UntracedScope {
+   public:
+    UntracedScope(UntracedScope&& other) noexcept;
+    UntracedScope& operator=(UntracedScope&&) = delete;
+    UntracedScope(const UntracedScope&) = delete;
+    ~UntracedScope();  // close()
+    // Gathers are traced again from here on.
+    void close();
+
+   private:
+    friend class Engine;
+    explicit UntracedScope(Engine* engine) : engine_(engine) {}
+    Engine* engine_;
   };
 
   struct Impl;

@@ -7,10 +7,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "zero3/engine/engine.hpp"
+#include "zero3/models/unit_model.hpp"
 
 namespace zero3::models {
 
@@ -62,7 +65,7 @@ int blas_threads();
 template <typename T>
 class GptModel {
  public:
-  enum class Pass : std::uint8_t { train, eval };
+  using Pass = models::Pass;
 
   explicit GptModel(const GptConfig& config);
 
@@ -142,5 +145,11 @@ class GptModel {
 
 extern template class GptModel<float>;
 extern template class GptModel<double>;
+
+// GptModel<float> behind UnitModel, for the engine's host device: params and grads in host memory, in
+// f32, bf16 or f16 (16-bit params are widened to float before each unit, gradients rounded back).
+std::unique_ptr<UnitModel> make_host_gpt(const GptConfig& config);
+// "GPT 2 layers, hidden 64, 4 heads, vocab 16, context 32"
+std::string describe(const GptConfig& config);
 
 }  // namespace zero3::models

@@ -1,0 +1,61 @@
+// What `zero3 train` drives: a next-token model computed one engine unit at a time over the full params
+// the engine gathered, writing each unit's gradients into the engine's gradient buffers. Implementations:
+// the GPT on the host (OpenBLAS) and on CUDA (cuBLAS + kernels), the MLP on the host. The trainer owns the
+// order of calls (every unit's forward, loss(), every unit's backward in reverse); the model owns its
+// activations and scratch, never params or grads.
+//
+// Streams: params and grads are valid for work enqueued on `stream` (the engine's compute stream) while
+// their scopes are open. A host model synchronizes `stream` before it touches them and computes on the
+// calling thread; a device model enqueues its work on `stream` and returns without waiting.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zero3/core/buffer_view.hpp"
+#include "zero3/core/memory.hpp"
+#include "zero3/device/device.hpp"
+#include "zero3/engine/engine.hpp"
+
+namespace zero3::models {
+
+enum class Pass : std::uint8_t { train, eval };
+
+class UnitModel {
+ public:
+  virtual ~UnitModel() = default;
+
+  // The engine units in forward order (declare them all to the engine before finalize()).
+  virtual const std::vector<UnitSpec>& units() const = 0;
+  // Human-readable one-line description ("GPT 2 layers, hidden 64, ...").
+  virtual std::string describe() const = 0;
+
+  // The micro-batch: `batch` windows, each `len` input tokens and `len` targets, row-major [batch, len],
+  // on the host; ids in [0, vocab). The model copies what it needs. batch == 0 is allowed for an eval pass
+  // (a rank with no held-out samples still opens every unit's scope; the model then computes nothing).
+  // Throws UsageError naming the first bad id or size.
+  virtual void set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
+                         int len, Pass pass) = 0;
+
+  // `params[k]` is the k-th param of unit `unit` in units() order: full size, the engine's compute dtype
+  // (f32, bf16 or f16), in the memory the engine's device computes on.
+  virtual void forward_unit(std::size_t unit, std::span<const BufferView> params, Stream& stream) = 0;
+  // Mean loss (nats per predicted token) of the last completed forward of the head; waits for it.
+  virtual double loss(Stream& stream) = 0;
+  // Backward of `unit` after every forward of a train pass, in reverse unit order. The loss gradient is
+  // multiplied by `seed_scale` (Engine::loss_multiplier()). `grads[k]` is the zero-filled gradient buffer
+  // of the k-th param (same dtype and memory as the params); the model writes (or adds into) it.
+  virtual void backward_unit(std::size_t unit, std::span<const BufferView> params, std::span<const BufferView> grads,
+                             float seed_scale, Stream& stream) = 0;
+
+  // Bytes of activations and scratch the model holds now, and where they live (for the memory report's
+  // activations category).
+  virtual std::size_t activation_bytes() const = 0;
+  virtual MemoryKind activation_memory() const = 0;
+};
+
+}  // namespace zero3::models

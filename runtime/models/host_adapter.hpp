@@ -1,0 +1,117 @@
+// A host-computed model (GptModel<float>, MlpModel<float>: forward_unit/backward_unit over raw float
+// pointers) behind the UnitModel interface. The engine's params and grads live in host memory (host
+// device), possibly in bf16/fp16: 16-bit params are widened into float scratch before a unit runs, and
+// gradients are computed into float scratch and rounded into the engine's buffers. Computation runs on
+// the calling thread after the compute stream has delivered the gathers.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zero3/core/dtype.hpp"
+#include "zero3/core/error.hpp"
+#include "zero3/models/unit_model.hpp"
+
+namespace zero3::models::detail {
+
+template <typename Model>
+class HostAdapter final : public UnitModel {
+ public:
+  HostAdapter(Model model, std::vector<UnitSpec> units, std::string description)
+      : model_(std::move(model)), units_(std::move(units)), description_(std::move(description)) {}
+
+  const std::vector<UnitSpec>& units() const override { return units_; }
+  std::string describe() const override { return description_; }
+
+  void set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch, int len,
+                 Pass pass) override {
+    empty_ = batch == 0 && pass == Pass::eval;  // a rank without held-out samples still walks the units
+    if (!empty_) model_.set_batch(tokens, targets, batch, len, pass);
+  }
+
+  void forward_unit(std::size_t unit, std::span<const BufferView> params, Stream& stream) override {
+    check_host("forward_unit", unit, params);
+    stream.synchronize();
+    if (!empty_) model_.forward_unit(unit, widen(params));
+  }
+
+  double loss(Stream& /*stream*/) override { return empty_ ? 0.0 : static_cast<double>(model_.loss()); }
+
+  void backward_unit(std::size_t unit, std::span<const BufferView> params, std::span<const BufferView> grads,
+                     float seed_scale, Stream& stream) override {
+    check_host("backward_unit", unit, params);
+    if (grads.size() != params.size()) {
+      throw UsageError(fmt::format("{}: unit {} ({}): {} grads for {} params", description_, unit, units_.at(unit).name,
+                                   grads.size(), params.size()));
+    }
+    stream.synchronize();  // the gathers and the zero fill of the gradient buffers
+    const std::vector<const float*> p = widen(params);
+    grad_scratch_.resize(grads.size());
+    std::vector<float*> g;
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      if (grads[k].dtype == DType::f32) {  // the engine's buffer is zero-filled: accumulate straight into it
+        g.push_back(grads[k].template as<float>());
+        continue;
+      }
+      grad_scratch_[k].assign(grads[k].count, 0.0f);
+      g.push_back(grad_scratch_[k].data());
+    }
+    model_.backward_unit(unit, p, g, seed_scale);
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      if (grads[k].dtype == DType::f32) continue;
+      for (std::size_t i = 0; i < grads[k].count; ++i)
+        store_from_float(grads[k].data, grads[k].dtype, i, grad_scratch_[k][i]);
+    }
+  }
+
+  std::size_t activation_bytes() const override {
+    std::size_t scratch = 0;
+    for (const auto& s : param_scratch_) scratch += s.capacity() * sizeof(float);
+    for (const auto& s : grad_scratch_) scratch += s.capacity() * sizeof(float);
+    return model_.activation_bytes() + scratch;
+  }
+  MemoryKind activation_memory() const override { return MemoryKind::pageable_host; }
+
+ private:
+  void check_host(const char* what, std::size_t unit, std::span<const BufferView> params) const {
+    if (unit >= units_.size()) {
+      throw UsageError(fmt::format("{}: {}: unit {} of {}", description_, what, unit, units_.size()));
+    }
+    if (params.size() != units_[unit].params.size()) {
+      throw UsageError(fmt::format("{}: {}: unit {} ({}) takes {} params, got {}", description_, what, unit,
+                                   units_[unit].name, units_[unit].params.size(), params.size()));
+    }
+  }
+
+  std::vector<const float*> widen(std::span<const BufferView> params) {
+    std::vector<const float*> ptrs;
+    param_scratch_.resize(std::max(param_scratch_.size(), params.size()));
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const BufferView& v = params[k];
+      if (v.dtype == DType::f32) {
+        ptrs.push_back(v.template as<const float>());
+        continue;
+      }
+      param_scratch_[k].resize(v.count);
+      for (std::size_t i = 0; i < v.count; ++i) param_scratch_[k][i] = load_as_float(v.data, v.dtype, i);
+      ptrs.push_back(param_scratch_[k].data());
+    }
+    return ptrs;
+  }
+
+  Model model_;
+  std::vector<UnitSpec> units_;
+  std::string description_;
+  bool empty_ = false;
+  std::vector<std::vector<float>> param_scratch_;
+  std::vector<std::vector<float>> grad_scratch_;
+};
+
+}  // namespace zero3::models::detail

@@ -1,0 +1,282 @@
+// The MLP's units, param specs and the unit-by-unit forward and backward over the host kernels of gpt_ops.
+// One prediction per window, so every activation is [batch, width]: small next to the GPT's [batch * len,
+// width], and an eval pass that reuses buffers is all the saving there is to have.
+#include "zero3/models/mlp.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "gpt_ops.hpp"
+#include "host_adapter.hpp"
+#include "zero3/core/error.hpp"
+
+namespace zero3::models {
+namespace {
+
+using ops::Index;
+
+constexpr double kEmbedInitStd = 0.02;
+constexpr double kHeadInitStd = 0.02;
+constexpr std::size_t kEmbedParams = 1;
+constexpr std::size_t kLayerParams = 2;
+constexpr std::size_t kHeadParams = 2;
+
+Index idx(int v) {
+  return static_cast<Index>(v);
+}
+
+ParamSpec weight(std::string name, int rows, int cols, double std) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = {rows, cols};
+  p.init = ParamInit::normal(std);
+  return p;
+}
+ParamSpec bias(std::string name, int n) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = {n};
+  p.init = ParamInit::zeros();
+  p.weight_decay = false;
+  return p;
+}
+
+void require_positive(int value, const char* field) {
+  if (value <= 0) throw ConfigError(fmt::format("zero3.model.{} must be positive, got {}", field, value));
+}
+
+}  // namespace
+
+void validate(const MlpConfig& c) {
+  require_positive(c.vocab_size, "vocab_size");
+  require_positive(c.context, "seq_len");
+  require_positive(c.layers, "layers");
+  require_positive(c.hidden, "hidden_size");
+}
+
+std::vector<UnitSpec> mlp_units(const MlpConfig& c) {
+  validate(c);
+  std::vector<UnitSpec> units;
+  units.push_back({"embed", {weight("wte.weight", c.vocab_size, c.hidden, kEmbedInitStd)}});
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string u = fmt::format("layers.{}", i);
+    const int in = i == 0 ? c.input_width() : c.hidden;
+    units.push_back({u,
+                     {weight(u + ".fc.weight", c.hidden, in, 1.0 / std::sqrt(static_cast<double>(in))),
+                      bias(u + ".fc.bias", c.hidden)}});
+  }
+  units.push_back(
+      {"head", {weight("head.weight", c.vocab_size, c.hidden, kHeadInitStd), bias("head.bias", c.vocab_size)}});
+  return units;
+}
+
+std::size_t mlp_num_params(const MlpConfig& config) {
+  std::size_t total = 0;
+  for (const UnitSpec& unit : mlp_units(config)) {
+    for (const ParamSpec& p : unit.params) total += p.numel();
+  }
+  return total;
+}
+
+// ---- MlpModel ----------------------------------------------------------------------------------------
+
+template <typename T>
+MlpModel<T>::MlpModel(const MlpConfig& config) : config_(config) {
+  validate(config_);
+}
+
+template <typename T>
+void MlpModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
+                            int len, Pass pass) {
+  if (batch < 0 || (batch == 0 && pass == Pass::train)) {
+    throw UsageError(fmt::format("MlpModel::set_batch: batch must be >= 1 (>= 0 for an eval pass), got {}", batch));
+  }
+  if (len < config_.context) {
+    throw UsageError(
+        fmt::format("MlpModel::set_batch: len must be >= the MLP's context (zero3.model.seq_len = {}), got {}",
+                    config_.context, len));
+  }
+  const Index rows = idx(batch) * idx(len);
+  if (tokens.size() != rows || targets.size() != rows) {
+    throw UsageError(fmt::format("MlpModel::set_batch: tokens ({}) and targets ({}) must hold batch * len = {} ids",
+                                 tokens.size(), targets.size(), rows));
+  }
+  for (Index i = 0; i < rows; ++i) {
+    for (const auto& [ids, what] : {std::pair{tokens, "tokens"}, std::pair{targets, "targets"}}) {
+      if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
+        throw UsageError(
+            fmt::format("MlpModel::set_batch: {}[{}] (window {}, position {}) = {} is outside the vocabulary [0, {})",
+                        what, i, i / idx(len), i % idx(len), ids[i], config_.vocab_size));
+      }
+    }
+  }
+  const Index context = idx(config_.context);
+  inputs_.resize(idx(batch) * context);
+  targets_.resize(idx(batch));
+  for (Index b = 0; b < idx(batch); ++b) {
+    const Index last = (b + 1) * idx(len);  // one past the window's last position
+    for (Index j = 0; j < context; ++j) inputs_[b * context + j] = tokens[last - context + j];
+    targets_[b] = targets[last - 1];
+  }
+  batch_ = batch;
+  pass_ = pass;
+  has_batch_ = true;
+  next_forward_ = 0;
+  next_backward_ = 0;
+  const std::size_t pre_sets = pass == Pass::train ? idx(config_.layers) : 1;
+  const std::size_t post_sets = pass == Pass::train ? idx(config_.layers) : 2;
+  if (pre_.size() < pre_sets) pre_.resize(pre_sets);
+  if (post_.size() < post_sets) post_.resize(post_sets);
+}
+
+template <typename T>
+void MlpModel<T>::check_call(const char* what, std::size_t unit, std::size_t count, const T* const* ptrs) const {
+  const std::size_t expected = unit == 0 ? kEmbedParams : unit + 1 == num_units() ? kHeadParams : kLayerParams;
+  if (count != expected) {
+    throw UsageError(fmt::format("MlpModel::{}: unit {} takes {} params, got {}", what, unit, expected, count));
+  }
+  for (std::size_t k = 0; k < count; ++k) {
+    if (ptrs[k] == nullptr) throw UsageError(fmt::format("MlpModel::{}: unit {} param {} is null", what, unit, k));
+  }
+}
+
+// Layer i reads the embeddings (i == 0) or layer i-1's output; in eval the outputs alternate between two
+// buffers (layer i writes i % 2), since nothing is kept for a backward.
+template <typename T>
+const T* MlpModel<T>::layer_input(std::size_t layer) const {
+  if (layer == 0) return embed_.data();
+  return post_[pass_ == Pass::train ? layer - 1 : (layer - 1) % 2].data();
+}
+
+template <typename T>
+T* MlpModel<T>::layer_output(std::size_t layer) {
+  return post_[pass_ == Pass::train ? layer : layer % 2].data();
+}
+
+template <typename T>
+void MlpModel<T>::forward_unit(std::size_t unit, std::span<const T* const> params) {
+  if (!has_batch_ || unit != next_forward_ || unit >= num_units()) {
+    throw UsageError(
+        fmt::format("MlpModel::forward_unit: unit {} called, expected {} (units run in order after set_batch)", unit,
+                    !has_batch_                    ? std::string("set_batch first")
+                    : next_forward_ == num_units() ? std::string("none: every unit's forward is done")
+                                                   : fmt::format("unit {}", next_forward_)));
+  }
+  check_call("forward_unit", unit, params.size(), params.data());
+  const Index rows = idx(batch_);
+  const Index d = idx(config_.hidden);
+  const Index vocab = idx(config_.vocab_size);
+  const bool train = pass_ == Pass::train;
+  if (unit == 0) {
+    const Index width = idx(config_.input_width());
+    embed_.resize(rows * width);
+    const T* wte = params[0];
+    for (Index i = 0; i < rows * idx(config_.context); ++i) {
+      const T* e = wte + idx(inputs_[i]) * d;
+      std::copy(e, e + d, embed_.data() + i * d);  // row b is its context's embeddings, oldest first
+    }
+  } else if (unit + 1 < num_units()) {
+    const std::size_t layer = unit - 1;
+    const Index in = layer == 0 ? idx(config_.input_width()) : d;
+    std::vector<T>& pre = pre_[train ? layer : 0];
+    pre.resize(rows * d);
+    post_[train ? layer : layer % 2].resize(rows * d);
+    ops::linear_forward(layer_input(layer), params[0], params[1], pre.data(), rows, in, d);
+    ops::gelu_forward(pre.data(), layer_output(layer), rows * d);
+  } else {
+    logits_.resize(rows * vocab);
+    ops::linear_forward(layer_input(idx(config_.layers)), params[0], params[1], logits_.data(), rows, d, vocab);
+    position_loss_.resize(rows);
+    const T total = ops::cross_entropy_forward(logits_.data(), targets_.data(), position_loss_.data(), rows, vocab);
+    loss_ = rows == 0 ? T(0) : total / static_cast<T>(rows);
+    if (train) next_backward_ = num_units();
+  }
+  ++next_forward_;
+}
+
+template <typename T>
+void MlpModel<T>::backward_unit(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads,
+                                T seed_scale) {
+  if (pass_ != Pass::train) {
+    throw UsageError(
+        fmt::format("MlpModel::backward_unit: unit {} after an eval pass (set_batch with Pass::train)", unit));
+  }
+  if (next_backward_ == 0 || unit + 1 != next_backward_) {
+    throw UsageError(fmt::format(
+        "MlpModel::backward_unit: unit {} called, but {} (units run in reverse order after every forward)", unit,
+        next_backward_ == 0 ? std::string("no backward is due") : fmt::format("unit {} is next", next_backward_ - 1)));
+  }
+  check_call("backward_unit", unit, params.size(), params.data());
+  if (grads.size() != params.size()) {
+    throw UsageError(fmt::format("MlpModel::backward_unit: unit {} takes one gradient per param ({}), got {}", unit,
+                                 params.size(), grads.size()));
+  }
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    if (grads[k] == nullptr)
+      throw UsageError(fmt::format("MlpModel::backward_unit: unit {} gradient {} is null", unit, k));
+  }
+  const Index rows = idx(batch_);
+  const Index d = idx(config_.hidden);
+  const Index vocab = idx(config_.vocab_size);
+  if (unit + 1 == num_units()) {
+    // dlogits overwrite the logits: nothing reads them after this.
+    ops::cross_entropy_backward(logits_.data(), targets_.data(), logits_.data(), rows, vocab,
+                                seed_scale / static_cast<T>(rows));
+    dpost_.resize(rows * d);
+    ops::linear_backward(layer_input(idx(config_.layers)), params[0], logits_.data(), dpost_.data(), false, grads[0],
+                         grads[1], rows, d, vocab);
+  } else if (unit > 0) {
+    const std::size_t layer = unit - 1;
+    const Index in = layer == 0 ? idx(config_.input_width()) : d;
+    dpre_.resize(rows * d);
+    ops::gelu_backward(pre_[layer].data(), dpost_.data(), dpre_.data(), rows * d);
+    // dpost_ now becomes dL/d(this layer's input): the previous layer's output, or the embeddings.
+    T* dx = dpost_.data();
+    if (layer == 0) {
+      dembed_.resize(rows * in);
+      dx = dembed_.data();
+    }
+    ops::linear_backward(layer_input(layer), params[0], dpre_.data(), dx, false, grads[0], grads[1], rows, in, d);
+  } else {
+    T* dwte = grads[0];
+    for (Index i = 0; i < rows * idx(config_.context); ++i) {
+      const T* g = dembed_.data() + i * d;
+      T* row = dwte + idx(inputs_[i]) * d;
+      for (Index k = 0; k < d; ++k) row[k] += g[k];
+    }
+  }
+  --next_backward_;
+}
+
+template <typename T>
+std::size_t MlpModel<T>::activation_bytes() const {
+  std::size_t elems = embed_.capacity() + logits_.capacity() + position_loss_.capacity() + dpost_.capacity() +
+                      dpre_.capacity() + dembed_.capacity();
+  for (const std::vector<T>& v : pre_) elems += v.capacity();
+  for (const std::vector<T>& v : post_) elems += v.capacity();
+  return elems * sizeof(T) + (inputs_.capacity() + targets_.capacity()) * sizeof(std::int32_t);
+}
+
+template class MlpModel<float>;
+template class MlpModel<double>;
+
+}  // namespace zero3::models
+
+namespace zero3::models {
+
+std::string describe(const MlpConfig& config) {
+  return fmt::format("MLP {} hidden layers of {}, context {}, vocab {}", config.layers, config.hidden, config.context,
+                     config.vocab_size);
+}
+
+std::unique_ptr<UnitModel> make_host_mlp(const MlpConfig& config) {
+  validate(config);
+  return std::make_unique<detail::HostAdapter<MlpModel<float>>>(MlpModel<float>(config), mlp_units(config),
+                                                                describe(config));
+}
+
+}  // namespace zero3::models

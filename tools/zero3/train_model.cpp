@@ -1,0 +1,65 @@
+#include "train_model.hpp"
+
+#include <fmt/format.h>
+
+#include "zero3/core/error.hpp"
+#include "zero3/models/gpt.hpp"
+#include "zero3/models/gpt_cuda.hpp"
+#include "zero3/models/mlp.hpp"
+
+namespace zero3::tools {
+namespace {
+
+models::GptConfig gpt_config(const config::ModelSettings& m) {
+  models::GptConfig g;
+  g.vocab_size = static_cast<int>(m.vocab_size);
+  g.seq_len = static_cast<int>(m.seq_len);
+  g.layers = static_cast<int>(m.layers);
+  g.hidden = static_cast<int>(m.hidden_size);
+  g.heads = static_cast<int>(m.heads);
+  return g;
+}
+
+models::MlpConfig mlp_config(const config::ModelSettings& m) {
+  models::MlpConfig c;
+  c.vocab_size = static_cast<int>(m.vocab_size);
+  c.context = static_cast<int>(m.seq_len);
+  c.layers = static_cast<int>(m.layers);
+  c.hidden = static_cast<int>(m.hidden_size);
+  return c;
+}
+
+}  // namespace
+
+void validate_train_model(const config::ModelSettings& model) {
+  if (model.type == config::ModelType::mlp) {
+    models::validate(mlp_config(model));
+  } else {
+    models::validate(gpt_config(model));
+  }
+}
+
+std::size_t train_model_params(const config::ModelSettings& model) {
+  return model.type == config::ModelType::mlp ? models::mlp_num_params(mlp_config(model))
+                                              : models::gpt_num_params(gpt_config(model));
+}
+
+std::int64_t predictions_per_window(const config::ModelSettings& model) {
+  return model.type == config::ModelType::mlp ? 1 : model.seq_len;
+}
+
+std::unique_ptr<models::UnitModel> make_train_model(const config::ModelSettings& model, Device& device) {
+  validate_train_model(model);
+  if (model.type == config::ModelType::mlp) {
+    if (device.kind() != DeviceKind::host) {
+      throw ConfigError(
+          "zero3.model.type: the MLP is computed on the host only; use \"zero3\": {\"device\": \"host\"} or the "
+          "\"gpt\" model");
+    }
+    return models::make_host_mlp(mlp_config(model));
+  }
+  if (device.kind() == DeviceKind::host) return models::make_host_gpt(gpt_config(model));
+  return models::make_cuda_gpt(gpt_config(model), device);
+}
+
+}  // namespace zero3::tools

@@ -1,0 +1,24 @@
+// The model a config's "zero3.model" block names, built for the engine's device: the GPT on the host
+// (OpenBLAS) or on CUDA (cuBLAS + kernels), the MLP on the host.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "zero3/config/config.hpp"
+#include "zero3/device/device.hpp"
+#include "zero3/models/unit_model.hpp"
+
+namespace zero3::tools {
+
+// Throws ConfigError naming the zero3.model field for a model that cannot be built, or for a model and
+// device with no implementation (the MLP on CUDA).
+std::unique_ptr<models::UnitModel> make_train_model(const config::ModelSettings& model, Device& device);
+// Validates the block without building anything (ConfigError naming the field).
+void validate_train_model(const config::ModelSettings& model);
+// Elements of all params.
+std::size_t train_model_params(const config::ModelSettings& model);
+// Tokens of each window (of seq_len inputs) the model predicts: the GPT every position, the MLP the last.
+std::int64_t predictions_per_window(const config::ModelSettings& model);
+
+}  // namespace zero3::tools

@@ -1,0 +1,129 @@
+#include "unit_trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+namespace zero3::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+StepSplit& StepSplit::operator+=(const StepSplit& o) {
+  forward_ms += o.forward_ms;
+  backward_ms += o.backward_ms;
+  step_ms += o.step_ms;
+  gather_wait_ms += o.gather_wait_ms;
+  reduce_wait_ms += o.reduce_wait_ms;
+  optimizer_ms += o.optimizer_ms;
+  copies_exposed_ms += o.copies_exposed_ms;
+  return *this;
+}
+
+StepSplit StepSplit::scaled(double f) const {
+  StepSplit s = *this;
+  for (double* v : {&s.forward_ms, &s.backward_ms, &s.step_ms, &s.gather_wait_ms, &s.reduce_wait_ms, &s.optimizer_ms,
+                    &s.copies_exposed_ms}) {
+    *v *= f;
+  }
+  return s;
+}
+
+UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
+                         std::shared_ptr<comm::Bootstrap> bootstrap, const ModelFactory& make_model)
+    : timed_(config.wall_clock_breakdown) {
+  EngineResources resources;
+  resources.bootstrap = std::move(bootstrap);
+  engine_ = std::make_unique<Engine>(config, world, std::move(resources));
+  model_ = make_model(engine_->device());
+  for (const UnitSpec& u : model_->units()) engine_->add_unit(u);
+  engine_->finalize();
+}
+
+UnitTrainer::~UnitTrainer() {
+  engine_.reset();  // drains the streams first
+}
+
+std::vector<BufferView> UnitTrainer::param_views(std::size_t unit, const Engine::GatherScope& scope) const {
+  std::vector<BufferView> views;
+  for (const ParamSpec& p : model_->units()[unit].params) views.push_back(scope.param(p.name));
+  return views;
+}
+
+double UnitTrainer::micro_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
+                                int len) {
+  const std::vector<UnitSpec>& units = model_->units();
+  Stream& stream = engine_->compute_stream();
+  model_->set_batch(tokens, targets, batch, len, models::Pass::train);
+  const Clock::time_point t0 = Clock::now();
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const Engine::GatherScope g = engine_->gather(units[u].name);
+    model_->forward_unit(u, param_views(u, g), stream);
+  }
+  if (timed_) stream.synchronize();
+  const Clock::time_point t1 = Clock::now();
+  const auto seed = static_cast<float>(engine_->loss_multiplier());
+  for (std::size_t u = units.size(); u-- > 0;) {
+    const Engine::GatherScope g = engine_->gather(units[u].name);
+    const Engine::GradScope gr = engine_->grads(units[u].name);
+    std::vector<BufferView> grads;
+    for (const ParamSpec& p : units[u].params) grads.push_back(gr.grad(p.name));
+    model_->backward_unit(u, param_views(u, g), grads, seed, stream);
+  }
+  if (timed_) stream.synchronize();
+  window_.forward_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  window_.backward_ms += ms_since(t1);
+  report_activations();
+  return model_->loss(stream);  // the forward's loss, kept through backward
+}
+
+StepResult UnitTrainer::step() {
+  const Clock::time_point t0 = Clock::now();
+  StepResult r = engine_->step();
+  window_.step_ms += ms_since(t0);
+  if (r.boundary) {
+    const EngineStats& s = engine_->stats();
+    window_.gather_wait_ms = s.last_step_times.gather_wait_ms;
+    window_.reduce_wait_ms = s.last_step_times.reduce_wait_ms;
+    window_.optimizer_ms = s.last_step_times.optimizer_ms;
+    const OffloadTimes& o = s.last_step_offload;
+    window_.copies_exposed_ms = std::max(0.0, o.d2h_ms + o.h2d_ms - o.copies_hidden_ms);
+    last_split_ = timed_ ? window_ : StepSplit{};
+    window_ = {};
+  }
+  return r;
+}
+
+double UnitTrainer::eval(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
+                         int len) {
+  const std::vector<UnitSpec>& units = model_->units();
+  Stream& stream = engine_->compute_stream();
+  model_->set_batch(tokens, targets, batch, len, models::Pass::eval);
+  const Engine::UntracedScope untraced = engine_->untraced();  // keeps the training's prefetch schedule
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const Engine::GatherScope g = engine_->gather(units[u].name);
+    model_->forward_unit(u, param_views(u, g), stream);
+  }
+  report_activations();
+  return model_->loss(stream);
+}
+
+void UnitTrainer::report_activations() {
+  const std::size_t now = model_->activation_bytes();
+  const MemoryKind kind = model_->activation_memory();
+  if (now == reported_activations_ && kind == reported_kind_) return;
+  MemoryTracker& m = engine_->memory();
+  m.on_free(reported_kind_, MemCategory::activations, reported_activations_);
+  m.on_alloc(kind, MemCategory::activations, now);
+  reported_activations_ = now;
+  reported_kind_ = kind;
+}
+
+}  // namespace zero3::tools

@@ -1,0 +1,79 @@
+// The training loop's engine half for `zero3 train` and `zero3 bench train`: a UnitModel driven through
+// the engine's scopes (gather every unit in forward; gather + grads in reverse in backward; step()), with
+// the model's activations reported to the memory tracker and, under wall_clock_breakdown, the time split
+// of each optimizer step (forward, backward, step, and the engine's waits inside them).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "zero3/comm/communicator.hpp"
+#include "zero3/comm/world.hpp"
+#include "zero3/config/config.hpp"
+#include "zero3/engine/engine.hpp"
+#include "zero3/models/unit_model.hpp"
+
+namespace zero3::tools {
+
+// Where one optimizer step's wall time went (milliseconds, this rank). forward + backward + step is the
+// step; the waits are parts of those: gathers stall forward and backward, reductions stall step().
+// Measured with wall_clock_breakdown only (the compute stream is synchronized at the end of forward and
+// of backward so that device work is counted where it ran).
+struct StepSplit {
+  double forward_ms = 0.0;
+  double backward_ms = 0.0;
+  double step_ms = 0.0;            // Engine::step() calls, boundary included
+  double gather_wait_ms = 0.0;     // compute stream stalled on all-gathers (and offloaded shards' copies)
+  double reduce_wait_ms = 0.0;     // step() waiting for the reductions
+  double optimizer_ms = 0.0;       // step() after the reductions
+  double copies_exposed_ms = 0.0;  // CPU offload: host<->device copy time not hidden behind other work
+
+  double total_ms() const { return forward_ms + backward_ms + step_ms; }
+  StepSplit& operator+=(const StepSplit& o);
+  StepSplit scaled(double f) const;
+};
+
+class UnitTrainer {
+ public:
+  // Makes the model for the engine's device once the engine exists (the device decides host or CUDA).
+  using ModelFactory = std::function<std::unique_ptr<models::UnitModel>(Device& device)>;
+
+  // Builds the engine, the model, declares the model's units and finalizes (collective).
+  UnitTrainer(const config::Config& config, const comm::World& world, std::shared_ptr<comm::Bootstrap> bootstrap,
+              const ModelFactory& make_model);
+  ~UnitTrainer();
+  UnitTrainer(const UnitTrainer&) = delete;
+  UnitTrainer& operator=(const UnitTrainer&) = delete;
+
+  Engine& engine() { return *engine_; }
+  models::UnitModel& model() { return *model_; }
+
+  // Forward and backward of one micro-batch ([batch, len] windows); returns its mean loss.
+  double micro_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch, int len);
+  // Engine::step() (timed under wall_clock_breakdown); at a boundary completes last_split().
+  StepResult step();
+  // Loss of a forward-only pass. Collective: every rank walks every unit, even with batch == 0.
+  double eval(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch, int len);
+
+  bool timed() const { return timed_; }
+  // The split of the last completed optimizer step (zeros without wall_clock_breakdown).
+  const StepSplit& last_split() const { return last_split_; }
+
+ private:
+  std::vector<BufferView> param_views(std::size_t unit, const Engine::GatherScope& scope) const;
+  void report_activations();
+
+  bool timed_;
+  // Destroyed after the engine, whose destructor drains the streams that may still read the model's buffers.
+  std::unique_ptr<models::UnitModel> model_;
+  std::unique_ptr<Engine> engine_;
+  std::size_t reported_activations_ = 0;
+  MemoryKind reported_kind_ = MemoryKind::pageable_host;
+  StepSplit window_;  // the accumulation window in progress
+  StepSplit last_split_;
+};
+
+}  // namespace zero3::tools
