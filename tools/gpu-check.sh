@@ -58,6 +58,13 @@ run() {
   "$root/build-gpu/bin/zero3" info 2>&1 | tee "$out/info.log"
   "$root/build-gpu/bin/zero3" demo --device cuda --params 100000003 2>&1 | tee "$out/demo.log" | tail -n 20
   local demo_rc=${PIPESTATUS[0]}
+  # zero3 train's GPT on the GPU: the tiny job must reach its entropy floor; then gpt-small's throughput
+  # with and without CPU offload (one GPU: world size 1).
+  "$root/build-gpu/bin/zero3" train --config "$root/configs/gpt-tiny-ondevice.json" --device cuda --progress off \
+    --metrics "$out/train-cuda.jsonl" 2>&1 | tee "$out/train-cuda.log" | tail -n 4
+  local train_rc=${PIPESTATUS[0]}
+  "$root/build-gpu/bin/zero3" bench train --config "$root/configs/gpt-small.json" --device cuda --world-sizes 1 \
+    --steps 5 2>&1 | tee "$out/bench-train.md" | tail -n 4
   # The CPU optimizer on the GPU machine's host cores (the figure offload depends on there).
   "$root/build-gpu/bin/zero3" bench cpu-optimizer --params 100M --json 2>&1 | tee "$out/cpu-optimizer.json" | tail -n 3
   set -e
@@ -69,10 +76,12 @@ run() {
     echo "| build (sm_90, $nproc_ jobs) | $((built - start)) s |"
     echo "| ctest -L gpu | $(grep -E 'tests passed|tests failed' "$out/ctest-gpu.log" | tail -n 1) (exit $gpu_rc) |"
     echo "| demo on cuda | $(grep -E '^check:' "$out/demo.log" | sed 's/|/;/g') (exit $demo_rc) |"
+    echo "| train gpt-tiny on cuda | $(grep -E '^done:' "$out/train-cuda.log" | sed 's/|/;/g') (exit $train_rc) |"
+    echo "| bench train gpt-small (cuda, ws 1) | $(grep -E '^\| 1 \|' "$out/bench-train.md" | awk -F'|' '{printf "%s: %s tokens/s; ", $3, $4}') |"
     echo "| cpu-optimizer 100M | $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"][0]; print("fused/bound %.3f, fused/unfused %.2f, %.2f Gparam/s, %d threads" % (r["fused_over_bound"], r["fused_over_unfused"], r["fused_gparams_per_s"], r["threads"]))' "$out/cpu-optimizer.json" 2>/dev/null || echo "not run") |"
     echo "| total | $((done_ - start)) s |"
   } | tee "$out/summary.md"
-  [ "$gpu_rc" -eq 0 ] && [ "$demo_rc" -eq 0 ]
+  [ "$gpu_rc" -eq 0 ] && [ "$demo_rc" -eq 0 ] && [ "$train_rc" -eq 0 ]
 }
 
 case "${1:-}" in
