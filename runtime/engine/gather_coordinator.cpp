@@ -58,10 +58,12 @@ void GatherCoordinator::copy_persistent_group(std::size_t unit, Group g) {
   timeline_.add_bytes(Timeline::Lane::h2d, gl.shard * size_of(dtype_));
 }
 
-void GatherCoordinator::refresh_persistent() {
+void GatherCoordinator::refresh_persistent(bool frozen_too) {
   if (!offloaded_) return;
   for (std::size_t u = 0; u < layout_.units.size(); ++u) {
-    if (!persistent_copies_[u].empty()) copy_persistent_group(u, Group::trainable);
+    if (persistent_copies_[u].empty()) continue;
+    copy_persistent_group(u, Group::trainable);
+    if (frozen_too) copy_persistent_group(u, Group::frozen);
   }
 }
 

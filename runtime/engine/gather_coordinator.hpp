@@ -53,8 +53,9 @@ class GatherCoordinator {
   // is released, since the optimizer step makes their gathered copies stale. No scope may be open.
   void end_window();
   // After a step wrote new params into host-memory shards: refreshes the persistent units' device copies
-  // (on the comm stream). A no-op when the shards are in device memory.
-  void refresh_persistent();
+  // (on the comm stream). A no-op when the shards are in device memory. A step changes only trainable
+  // params; `frozen_too` for writes that may change frozen ones as well (Engine::write_state).
+  void refresh_persistent(bool frozen_too = false);
   // Frees released buffers whose last use has completed (non-blocking).
   void reclaim() { frees_.reclaim(); }
   // false: acquires neither follow nor extend the trace, nothing is prefetched, and released units are

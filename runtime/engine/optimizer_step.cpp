@@ -200,4 +200,25 @@ StepOutcome OptimizerStep::run() {
   return out;
 }
 
+void OptimizerStep::fill_state(TrainingState& state) const {
+  state.applied_steps = applied_steps_;
+  state.lr_iteration = schedule_->iteration();
+  const optim::LossScaler::State& s = scaler_.state();
+  state.loss_scale = s.scale;
+  state.scaler_iteration = s.iteration;
+  state.scaler_last_overflow = s.last_overflow;
+  state.scaler_hysteresis_left = s.hysteresis_left;
+}
+
+void OptimizerStep::restore_state(const TrainingState& state) {
+  applied_steps_ = state.applied_steps;
+  schedule_->set_iteration(state.lr_iteration);
+  optim::LossScaler::State s;
+  s.scale = state.loss_scale;
+  s.iteration = state.scaler_iteration;
+  s.last_overflow = state.scaler_last_overflow;
+  s.hysteresis_left = state.scaler_hysteresis_left;
+  scaler_.restore(s);
+}
+
 }  // namespace zero3::engine

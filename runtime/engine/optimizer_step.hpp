@@ -102,6 +102,9 @@ class OptimizerStep {
 
   double loss_scale() const { return scaler_.scale(); }
   std::int64_t applied_steps() const { return applied_steps_; }
+  // Checkpoint support: the counters, the schedule's iteration and the loss scaler.
+  void fill_state(TrainingState& state) const;
+  void restore_state(const TrainingState& state);
   ShardOptimizer& optimizer() { return *optimizer_; }
 
  private:

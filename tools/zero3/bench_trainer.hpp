@@ -36,13 +36,18 @@ inline model::Batch<float> batch_for(const model::ModelConfig& mc, const comm::W
 class Zero3Trainer {
  public:
   Zero3Trainer(const config::Config& config, const comm::World& world, const model::ModelConfig& mc,
-               const std::vector<UnitSpec>& units)
-      : world_(world), mc_(mc), units_(units), net_(mc), engine_(config, world) {
+               const std::vector<UnitSpec>& units, std::shared_ptr<comm::Bootstrap> bootstrap = nullptr)
+      : world_(world), mc_(mc), units_(units), net_(mc), engine_(config, world, resources(std::move(bootstrap))) {
     for (const UnitSpec& u : units_) engine_.add_unit(u);
     engine_.finalize();
   }
 
   Engine& engine() { return engine_; }
+  static EngineResources resources(std::shared_ptr<comm::Bootstrap> bootstrap) {
+    EngineResources r;
+    r.bootstrap = std::move(bootstrap);
+    return r;
+  }
 
   // One optimizer step; returns this rank's loss.
   double step(std::int64_t s) {

@@ -281,6 +281,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_cpu_optimizer_command(*bench);
   add_bench_offload_command(*bench);
   add_bench_train_command(*bench);
+  add_bench_checkpoint_command(*bench);
 }
 
 }  // namespace zero3::tools

@@ -29,6 +29,8 @@
 #include "commands.hpp"
 #include "train_model.hpp"
 #include "unit_trainer.hpp"
+#include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/ckpt/checkpointer.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
@@ -57,6 +59,11 @@ struct TrainOptions {
   // "--model.layers 4" and the like: key path under "zero3" -> JSON value text.
   std::map<std::string, std::string> overrides;
   std::string progress = "auto";  // the progress line: "auto" (stdout is a terminal), "on", "off"
+  std::string save_dir;           // checkpoint root
+  std::optional<std::int64_t> save_interval;
+  std::string resume;               // a checkpoint directory, a root, or "latest" (of --save-dir)
+  std::string save_mode = "async";  // "async" or "sync"
+  std::int64_t save_staging_mb = 256;
   // Held-out windows per measurement; default: enough for 4096 predicted tokens (128 GPT windows of 32).
   std::optional<std::int64_t> heldout_samples;
 };
@@ -247,6 +254,56 @@ void run_train(const TrainOptions& o) {
 
   const std::shared_ptr<comm::Bootstrap> bootstrap = comm::make_mpi_bootstrap(world);
   UnitTrainer trainer(cfg, world, bootstrap, [&](Device& device) { return make_train_model(ms, device); });
+  ckpt::CheckpointerOptions co;
+  co.async = o.save_mode == "async";
+  co.staging_bytes = static_cast<std::size_t>(o.save_staging_mb) << 20;
+  ckpt::Checkpointer checkpointer(trainer.engine(), bootstrap, co);
+  std::int64_t start_step = 0;
+  if (!o.resume.empty()) {
+    if (o.resume == "latest" && o.save_dir.empty()) {
+      throw ConfigError("--resume latest: the latest checkpoint of --save-dir, which is not given");
+    }
+    const ckpt::LoadResult loaded = checkpointer.load(o.resume == "latest" ? o.save_dir : o.resume);
+    start_step = loaded.step;
+    const Json& ts = loaded.trainer_state;
+    if (ts.value("global_batch", global_batch) != global_batch || ts.value("seed", cfg.zero3.seed) != cfg.zero3.seed) {
+      log::warn(
+          "resume: the checkpoint was trained with seed {} and global batch {}, this job has seed {} and batch {}: "
+          "the data stream after step {} differs from the original run's",
+          ts.value("seed", cfg.zero3.seed), ts.value("global_batch", global_batch), cfg.zero3.seed, global_batch,
+          start_step);
+    }
+    if (world.rank == 0) {
+      fmt::print("resumed from checkpoint '{}' (step {}, saved by {} rank(s), {:.1f} MB read by rank 0)\n", loaded.tag,
+                 loaded.step, loaded.saved_world_size, static_cast<double>(loaded.bytes_read) / 1e6);
+    }
+  }
+  const auto trainer_state = [&](std::int64_t done) {
+    return Json{{"step", done},
+                {"seed", cfg.zero3.seed},
+                {"global_batch", global_batch},
+                {"samples_consumed", done * global_batch},
+                {"data", source->describe()}};
+  };
+  int failed_saves = 0;
+  std::int64_t saved_step = -1;
+  const auto report_one = [&](const ckpt::SaveReport* rep) {
+    if (rep->ok) {
+      if (world.rank == 0) {
+        fmt::print("checkpoint {}: {:.1f} MB in {:.2f} s (training blocked {:.3f} s) -> {}\n", rep->tag,
+                   static_cast<double>(rep->bytes) / 1e6, rep->total_s, rep->snapshot_s, rep->dir.string());
+      }
+      return;
+    }
+    ++failed_saves;
+    if (world.rank != 0) return;
+    const std::optional<std::string> latest = ckpt::read_latest(o.save_dir);
+    log::error("checkpoint {} failed: {}; the previous checkpoint is intact (latest: {})", rep->tag, rep->error,
+               latest.value_or("none"));
+  };
+  const auto report_save = [&](const std::vector<ckpt::SaveReport>& reports) {
+    for (const ckpt::SaveReport& r : reports) report_one(&r);
+  };
   const std::optional<double> floor = source->entropy_floor();
   const std::int64_t steps = cfg.zero3.run->steps;
   const std::int64_t interval = o.log_interval.value_or(cfg.steps_per_print.value_or(cfg.zero3.run->log_interval));
@@ -294,7 +351,7 @@ void run_train(const TrainOptions& o) {
   std::int64_t steps_since = 0;
   StepSplit split_since;
   double last_heldout = 0.0;
-  for (std::int64_t step = 0; step < steps; ++step) {
+  for (std::int64_t step = start_step; step < steps; ++step) {
     double loss_sum = 0.0;
     StepResult r;
     for (std::int64_t m = 0; m < gas; ++m) {
@@ -311,6 +368,11 @@ void run_train(const TrainOptions& o) {
     csv.write("Train/Samples/lr", r.lr, samples);
     if (cfg.fp16.enabled) csv.write("Train/Samples/loss_scale", r.loss_scale, samples);
     const bool last = step + 1 == steps;
+    report_save(checkpointer.poll());  // an async save whose writes finished: commit it
+    if (!o.save_dir.empty() && o.save_interval && (step + 1) % *o.save_interval == 0) {
+      checkpointer.save(o.save_dir, fmt::format("global_step{}", step + 1), step + 1, trainer_state(step + 1));
+      saved_step = step + 1;
+    }
     if (tty && std::chrono::steady_clock::now() - t_drawn > std::chrono::milliseconds(500)) {
       t_drawn = std::chrono::steady_clock::now();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -368,6 +430,12 @@ void run_train(const TrainOptions& o) {
     split_since = {};
     t_last = std::chrono::steady_clock::now();
   }
+  // The run ends with a checkpoint of its final state (also when a resumed run had nothing left to do).
+  if (!o.save_dir.empty() && saved_step != std::max(steps, start_step)) {
+    const std::int64_t final_step = std::max(steps, start_step);
+    checkpointer.save(o.save_dir, fmt::format("global_step{}", final_step), final_step, trainer_state(final_step));
+  }
+  report_save(checkpointer.wait());
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   const std::string memory = peak_memory_table(*bootstrap, trainer.engine().memory());
   if (world.rank == 0) {
@@ -375,6 +443,10 @@ void run_train(const TrainOptions& o) {
     if (floor) fmt::print(", {:+.4f} nats/token above the entropy floor {:.4f}", last_heldout - *floor, *floor);
     fmt::print("\npeak memory per rank by kind and category:\n{}", memory);
     std::fflush(stdout);
+  }
+  if (failed_saves > 0) {
+    throw CheckpointError(
+        fmt::format("{} checkpoint save(s) failed (see above); training itself completed", failed_saves));
   }
 }
 
@@ -392,6 +464,17 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--metrics", opt->metrics, "Write one JSON object per logged step to this file (rank 0)");
   cmd->add_option("--progress", opt->progress, "Progress line between log lines: auto (stdout is a terminal), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--save-dir", opt->save_dir, "Checkpoint root: saves DIR/global_step<N> (and at the end)");
+  cmd->add_option("--save-interval", opt->save_interval, "Save every N optimizer steps (with --save-dir)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  cmd->add_option("--resume", opt->resume,
+                  "Resume from a checkpoint directory, a checkpoint root (its latest), or 'latest' (of --save-dir)");
+  cmd->add_option("--save-mode", opt->save_mode, "async: write in the background while training goes on; sync")
+      ->check(CLI::IsMember({"async", "sync"}))
+      ->capture_default_str();
+  cmd->add_option("--save-staging-mb", opt->save_staging_mb, "Host staging memory of an async save, MiB per rank")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
       ->capture_default_str();
   cmd->add_option("--heldout-samples", opt->heldout_samples,
                   "Held-out windows measured at each log line (default: 4096 predicted tokens' worth)")

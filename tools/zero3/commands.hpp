@@ -12,11 +12,14 @@ void add_demo_command(CLI::App& app);    // zero3 demo: sharded collectives over
 void add_info_command(CLI::App& app);    // zero3 info: build, backends, devices, topology
 void add_bench_command(CLI::App& app);   // zero3 bench engine: zero3 vs plain buffers, side by side
 void add_train_command(CLI::App& app);   // zero3 train: the GPT of a config through the engine
+void add_ckpt_command(CLI::App& app);    // zero3 ckpt info, export: inspect, verify, export checkpoints
 // zero3 bench cpu-optimizer (registered by add_bench_command on its `bench` subcommand)
 void add_bench_cpu_optimizer_command(CLI::App& bench);
 // zero3 bench offload: step time with and without CPU offload, and the copies hidden behind other work
 void add_bench_offload_command(CLI::App& bench);
 // zero3 bench train: tokens/s and step-time split of a zero3 train job, world sizes x offload
 void add_bench_train_command(CLI::App& bench);
+// zero3 bench checkpoint: save/load GB/s vs plain I/O, async save cost per step
+void add_bench_checkpoint_command(CLI::App& bench);
 
 }  // namespace zero3::tools

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   zero3::tools::add_info_command(app);
   zero3::tools::add_bench_command(app);
   zero3::tools::add_train_command(app);
+  zero3::tools::add_ckpt_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {

@@ -1,0 +1,547 @@
+#include "zero3/ckpt/checkpointer.hpp"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/config/parse.hpp"
+#include "zero3/core/error.hpp"
+#include "zero3/core/log.hpp"
+
+namespace zero3::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+constexpr std::size_t kMinBlockBytes = std::size_t{1} << 20;
+
+// Every rank's string, in rank order (strings of any length). Collective.
+std::vector<std::string> gather_strings(comm::Bootstrap& b, const std::string& mine) {
+  std::vector<std::byte> size(sizeof(std::uint64_t));
+  const std::uint64_t n = mine.size();
+  std::memcpy(size.data(), &n, sizeof n);
+  const std::vector<std::byte> sizes = b.all_gather(size);
+  std::uint64_t longest = 0;
+  std::vector<std::uint64_t> lengths(static_cast<std::size_t>(b.size()));
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    std::memcpy(&lengths[r], sizes.data() + r * sizeof(std::uint64_t), sizeof(std::uint64_t));
+    longest = std::max(longest, lengths[r]);
+  }
+  std::vector<std::byte> padded(static_cast<std::size_t>(longest));
+  std::memcpy(padded.data(), mine.data(), mine.size());
+  const std::vector<std::byte> all = longest == 0 ? std::vector<std::byte>{} : b.all_gather(padded);
+  std::vector<std::string> out;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    const char* at = longest == 0 ? nullptr : reinterpret_cast<const char*>(all.data()) + r * longest;
+    out.emplace_back(at, at == nullptr ? 0 : static_cast<std::size_t>(lengths[r]));
+  }
+  return out;
+}
+
+// Throws CheckpointError on every rank when any rank reported an error (the first one, naming its rank).
+void agree(comm::Bootstrap& b, const std::string& my_error, std::string_view what) {
+  const std::vector<std::string> errors = gather_strings(b, my_error);
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) throw CheckpointError(fmt::format("{}: rank {}: {}", what, r, errors[r]));
+  }
+}
+
+std::string_view kind_name(TensorKind k) {
+  return tensor_kind_name(k);
+}
+
+std::string hex64(std::uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
+
+Json training_state_json(const TrainingState& s) {
+  return {{"global_step", s.global_step},
+          {"skipped_steps", s.skipped_steps},
+          {"applied_steps", s.applied_steps},
+          {"lr_iteration", s.lr_iteration},
+          {"loss_scale", s.loss_scale},
+          {"scaler_iteration", s.scaler_iteration},
+          {"scaler_last_overflow", s.scaler_last_overflow},
+          {"scaler_hysteresis_left", s.scaler_hysteresis_left}};
+}
+
+TrainingState training_state_from_json(const Json& j, const std::string& source) {
+  try {
+    TrainingState s;
+    s.global_step = j.at("global_step").get<std::int64_t>();
+    s.skipped_steps = j.at("skipped_steps").get<std::int64_t>();
+    s.applied_steps = j.at("applied_steps").get<std::int64_t>();
+    s.lr_iteration = j.at("lr_iteration").get<std::int64_t>();
+    s.loss_scale = j.at("loss_scale").get<double>();
+    s.scaler_iteration = j.at("scaler_iteration").get<std::int64_t>();
+    s.scaler_last_overflow = j.at("scaler_last_overflow").get<std::int64_t>();
+    s.scaler_hysteresis_left = j.at("scaler_hysteresis_left").get<std::int64_t>();
+    return s;
+  } catch (const Json::exception& e) {
+    throw CheckpointError(fmt::format("{}: state.engine: {}", source, e.what()));
+  }
+}
+
+// The kinds a checkpoint of this engine holds, in file order.
+std::vector<TensorKind> saved_kinds(const Engine& engine) {
+  std::vector<TensorKind> kinds{TensorKind::param, TensorKind::master};
+  for (const TensorKind k : {TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
+    if (engine.keeps_state(k)) kinds.push_back(k);
+  }
+  return kinds;
+}
+
+// One run of one kind, snapshotted into host memory and waiting for the writer.
+struct Block {
+  std::string param;
+  TensorKind kind = TensorKind::param;
+  DType dtype = DType::f32;
+  std::uint64_t first = 0;
+  std::uint64_t count = 0;
+  std::unique_ptr<std::byte[]> storage;  // block_bytes() of them, recycled between blocks
+  std::size_t bytes = 0;                 // used: count * size_of(dtype)
+  std::span<const std::byte> data() const { return {storage.get(), bytes}; }
+};
+
+}  // namespace
+
+struct Checkpointer::Impl {
+  Engine& engine;
+  std::shared_ptr<comm::Bootstrap> bootstrap;
+  CheckpointerOptions options;
+
+  // ---- the save in flight
+  struct Flight {
+    fs::path root;
+    std::string tag;
+    std::int64_t step = 0;
+    Json trainer_state;
+    TrainingState training;
+    Clock::time_point started;
+    double snapshot_s = 0.0;
+
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::deque<Block> queue;
+    std::vector<std::unique_ptr<std::byte[]>> spare;  // storage the writer is done with
+    std::size_t queued_bytes = 0;
+    std::size_t allocated = 0;  // staging storage made for this flight
+    bool producing = true;      // the snapshot is still being taken
+    bool done = false;          // the writer finished (ok or failed)
+    std::string error;          // the writer's failure
+    FileSummary summary;
+    std::thread writer;
+  };
+  std::unique_ptr<Flight> flight;
+  std::vector<SaveReport> pending;  // reports of saves completed inside save(), until poll() or wait()
+
+  Impl(Engine& e, std::shared_ptr<comm::Bootstrap> b, CheckpointerOptions o)
+      : engine(e), bootstrap(std::move(b)), options(o) {}
+
+  std::size_t block_bytes() const { return std::max(kMinBlockBytes, options.staging_bytes / 4); }
+
+  void write_loop(Flight& f) {
+    std::unique_ptr<RankFileWriter> file;
+    try {
+      file = std::make_unique<RankFileWriter>(staging_dir(f.root, f.tag), bootstrap->rank());
+    } catch (const std::exception& e) {
+      std::lock_guard lock(f.mutex);
+      f.error = e.what();
+    }
+    for (;;) {
+      Block block;
+      {
+        std::unique_lock lock(f.mutex);
+        f.changed.wait(lock, [&] { return !f.queue.empty() || !f.producing; });
+        if (f.queue.empty()) break;
+        block = std::move(f.queue.front());
+        f.queue.pop_front();
+      }
+      if (file && f.error.empty()) {
+        try {
+          file->append(block.param, kind_name(block.kind), block.dtype, block.first, block.count, block.data());
+        } catch (const std::exception& e) {
+          std::lock_guard lock(f.mutex);
+          f.error = e.what();
+          file.reset();  // removes the partial file
+        }
+      }
+      std::lock_guard lock(f.mutex);
+      f.queued_bytes -= block.bytes;
+      f.spare.push_back(std::move(block.storage));
+      f.changed.notify_all();
+    }
+    FileSummary summary;
+    if (file && f.error.empty()) {
+      try {
+        summary = file->finish();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(f.mutex);
+        f.error = e.what();
+      }
+    }
+    file.reset();
+    std::lock_guard lock(f.mutex);
+    f.summary = std::move(summary);
+    f.done = true;
+    f.changed.notify_all();
+  }
+
+  // Storage for the next block: a spare one, or a new one while the staging area has room; else waits for
+  // the writer to hand one back. Null once the writer failed. New storage is counted in the memory
+  // tracker (staging) until the flight ends.
+  std::unique_ptr<std::byte[]> take_storage(Flight& f) {
+    const std::size_t size = block_bytes();
+    std::unique_lock lock(f.mutex);
+    f.changed.wait(lock, [&] {
+      return !f.error.empty() || !f.spare.empty() || f.allocated + size <= std::max(options.staging_bytes, size);
+    });
+    if (!f.error.empty()) return nullptr;
+    if (!f.spare.empty()) {
+      std::unique_ptr<std::byte[]> spare = std::move(f.spare.back());
+      f.spare.pop_back();
+      return spare;
+    }
+    f.allocated += size;
+    engine.memory().on_alloc(MemoryKind::pageable_host, MemCategory::staging, size);
+    return std::unique_ptr<std::byte[]>(new std::byte[size]);  // uninitialized: every used byte is written
+  }
+
+  // Hands a block to the writer. False once the writer failed.
+  bool push(Flight& f, Block block) {
+    std::lock_guard lock(f.mutex);
+    if (!f.error.empty()) return false;
+    f.queued_bytes += block.bytes;
+    f.queue.push_back(std::move(block));
+    f.changed.notify_all();
+    return true;
+  }
+
+  // The flight's staging storage goes back to the system (and out of the memory tracker).
+  void release_storage(Flight& f) {
+    std::lock_guard lock(f.mutex);
+    f.spare.clear();
+    engine.memory().on_free(MemoryKind::pageable_host, MemCategory::staging, f.allocated);
+    f.allocated = 0;
+  }
+
+  void snapshot(Flight& f) {
+    const std::vector<ParamSlice> slices = engine.local_slices(/*owned=*/true);
+    const DType param_dtype = engine.config().model_dtype();
+    const std::size_t max_block = block_bytes();
+    for (const TensorKind kind : saved_kinds(engine)) {
+      const DType dtype = kind == TensorKind::param ? param_dtype : DType::f32;
+      const std::size_t elem = size_of(dtype);
+      const std::uint64_t per_block = std::max<std::uint64_t>(1, max_block / elem);
+      for (const ParamSlice& s : slices) {
+        if (kind != TensorKind::param && !s.trainable) continue;
+        std::uint64_t done = 0;
+        do {  // zero-size params still get one (empty) record
+          const std::uint64_t n = std::min(per_block, s.count - done);
+          Block b{s.param, kind, dtype, s.first + done, n, take_storage(f), n * elem};
+          if (!b.storage) return;
+          const ParamSlice part{s.param, s.first + done, n, s.trainable};
+          engine.read_state(kind, std::span<const ParamSlice>(&part, 1),
+                            std::span<std::byte>(b.storage.get(), b.bytes));
+          if (!push(f, std::move(b))) return;
+          done += n;
+        } while (done < s.count);
+      }
+    }
+  }
+
+  void save(const fs::path& root, const std::string& tag, std::int64_t step, const Json& trainer_state) {
+    if (flight) {  // a second save waits for the first
+      std::optional<SaveReport> previous = complete(/*block=*/true);
+      if (previous) pending.push_back(std::move(*previous));
+    }
+    std::string error;
+    try {
+      check_tag(tag);
+      if (bootstrap->rank() == 0) prepare_staging(root, tag);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree(*bootstrap, error, fmt::format("checkpoint save of '{}' in {}", tag, root.string()));
+    auto f = std::make_unique<Flight>();
+    f->root = root;
+    f->tag = tag;
+    f->step = step;
+    f->trainer_state = trainer_state;
+    f->training = engine.training_state();
+    f->started = Clock::now();
+    Flight& fr = *f;
+    flight = std::move(f);
+    fr.writer = std::thread([this, &fr] { write_loop(fr); });
+    try {
+      snapshot(fr);
+    } catch (const std::exception& e) {
+      std::lock_guard lock(fr.mutex);
+      if (fr.error.empty()) fr.error = fmt::format("snapshot: {}", e.what());
+    }
+    {
+      std::lock_guard lock(fr.mutex);
+      fr.producing = false;
+      fr.changed.notify_all();
+    }
+    fr.snapshot_s = std::chrono::duration<double>(Clock::now() - fr.started).count();
+    if (!options.async) {
+      std::optional<SaveReport> report = complete(/*block=*/true);
+      if (report) pending.push_back(std::move(*report));
+    }
+  }
+
+  Manifest build_manifest(const Flight& f, std::vector<FileSummary> files) const {
+    Manifest m;
+    m.tag = f.tag;
+    m.step = f.step;
+    m.world_size = bootstrap->size();
+    const std::string config_text = config::to_json(engine.config(), 0);
+    m.config = Json::parse(config_text);
+    m.config_hash = hex64(XXH64(config_text.data(), config_text.size(), 0));
+    const DType dtype = engine.config().model_dtype();
+    for (const std::string& unit : engine.unit_names()) {
+      for (const ParamSpec& p : engine.unit_params(unit)) {
+        m.params.push_back({p.name, unit, p.shape, dtype, p.trainable});
+      }
+    }
+    m.files = std::move(files);
+    m.state = {{"engine", training_state_json(f.training)},
+               {"optimizer", config::to_string(engine.config().optimizer->type)},
+               {"trainer", f.trainer_state}};
+    return m;
+  }
+
+  // Collective. block: wait for this rank's writer; else return nullopt while any rank's writer runs.
+  std::optional<SaveReport> complete(bool block) {
+    if (!flight) return std::nullopt;
+    Flight& f = *flight;
+    if (block && f.writer.joinable()) f.writer.join();
+    bool done = false;
+    {
+      std::lock_guard lock(f.mutex);
+      done = f.done;
+    }
+    const std::vector<std::string> states = gather_strings(*bootstrap, done ? "1" : "0");
+    if (std::any_of(states.begin(), states.end(), [](const std::string& s) { return s != "1"; })) {
+      return std::nullopt;
+    }
+    if (f.writer.joinable()) f.writer.join();
+    release_storage(f);
+    SaveReport report;
+    report.tag = f.tag;
+    report.dir = checkpoint_dir(f.root, f.tag);
+    report.snapshot_s = f.snapshot_s;
+    const std::vector<std::string> errors = gather_strings(*bootstrap, f.error);
+    for (std::size_t r = 0; r < errors.size() && report.error.empty(); ++r) {
+      if (!errors[r].empty()) report.error = fmt::format("rank {}: {}", r, errors[r]);
+    }
+    const std::vector<std::string> summaries =
+        gather_strings(*bootstrap, report.error.empty() ? to_json(f.summary).dump() : std::string());
+    std::string commit_error;
+    if (bootstrap->rank() == 0) {
+      try {
+        if (report.error.empty()) {
+          std::vector<FileSummary> files;
+          for (const std::string& s : summaries) {
+            files.push_back(file_summary_from_json(Json::parse(s)));
+            report.bytes += files.back().bytes;
+          }
+          commit(f.root, build_manifest(f, std::move(files)));
+        } else {
+          std::error_code ec;  // the failed save's files; the previous checkpoint is untouched
+          fs::remove_all(staging_dir(f.root, f.tag), ec);
+        }
+      } catch (const std::exception& e) {
+        commit_error = e.what();
+      }
+    }
+    const std::vector<std::string> commit_errors = gather_strings(*bootstrap, commit_error);
+    if (report.error.empty() && !commit_errors[0].empty()) report.error = "rank 0: commit: " + commit_errors[0];
+    const std::vector<std::string> totals = gather_strings(*bootstrap, std::to_string(report.bytes));
+    report.bytes = std::stoull(totals[0]);
+    report.ok = report.error.empty();
+    report.total_s = std::chrono::duration<double>(Clock::now() - f.started).count();
+    flight.reset();
+    return report;
+  }
+
+  LoadResult load(const fs::path& path, std::string_view tag) {
+    std::string error;
+    std::optional<CheckpointReader> reader;
+    try {
+      reader.emplace(path, tag);
+      check_compatible(*reader);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree(*bootstrap, error, fmt::format("checkpoint load from {}", path.string()));
+    const Manifest& m = reader->manifest();
+    LoadResult result;
+    result.tag = m.tag;
+    result.step = m.step;
+    result.saved_world_size = m.world_size;
+    result.trainer_state = m.state.value("trainer", Json::object());
+    try {
+      const std::vector<ParamSlice> slices = engine.local_slices(/*owned=*/false);
+      const DType param_dtype = engine.config().model_dtype();
+      const std::size_t max_block = block_bytes();
+      // One block of storage for the whole load (uninitialized: reads fill what is used).
+      const std::unique_ptr<std::byte[]> block(new std::byte[max_block]);
+      engine.memory().on_alloc(MemoryKind::pageable_host, MemCategory::staging, max_block);
+      const std::shared_ptr<void> untrack(nullptr, [this, max_block](void*) {
+        engine.memory().on_free(MemoryKind::pageable_host, MemCategory::staging, max_block);
+      });
+      // The reads in order, and a prefetch cursor kept up to two blocks ahead of them: the disk reads the
+      // next runs while this rank verifies and stores the current ones.
+      struct Run {
+        TensorKind kind;
+        const ParamSlice* slice;
+      };
+      std::vector<Run> order;
+      for (const TensorKind kind : saved_kinds(engine)) {
+        for (const ParamSlice& s : slices) {
+          if (kind == TensorKind::param || s.trainable) order.push_back({kind, &s});
+        }
+      }
+      std::size_t prefetched = 0;     // runs of `order` prefetched
+      std::uint64_t ahead_bytes = 0;  // bytes prefetched and not read yet
+      const auto prefetch_to = [&](std::uint64_t limit) {
+        for (; prefetched < order.size() && ahead_bytes < limit; ++prefetched) {
+          const Run& r = order[prefetched];
+          reader->prefetch(r.slice->param, kind_name(r.kind), r.slice->first, r.slice->count);
+          ahead_bytes += r.slice->count * (r.kind == TensorKind::param ? size_of(param_dtype) : sizeof(float));
+        }
+      };
+      for (const TensorKind kind : saved_kinds(engine)) {
+        const DType dtype = kind == TensorKind::param ? param_dtype : DType::f32;
+        const std::size_t elem = size_of(dtype);
+        std::vector<ParamSlice> batch;
+        std::size_t used = 0;
+        const auto flush = [&] {
+          if (batch.empty()) return;
+          engine.write_state(kind, batch, std::span<const std::byte>(block.get(), used));
+          batch.clear();
+          used = 0;
+        };
+        for (const ParamSlice& s : slices) {
+          if (kind != TensorKind::param && !s.trainable) continue;
+          const std::uint64_t per_block = std::max<std::uint64_t>(1, max_block / elem);
+          for (std::uint64_t done = 0; done < s.count;) {
+            const std::uint64_t n = std::min(per_block, s.count - done);
+            if (used + n * elem > max_block) flush();
+            prefetch_to(2 * max_block);
+            reader->read(s.param, kind_name(kind), s.first + done, n, dtype,
+                         std::span<std::byte>(block.get() + used, n * elem));
+            used += n * elem;
+            ahead_bytes -= std::min<std::uint64_t>(ahead_bytes, n * elem);
+            result.bytes_read += n * elem;
+            batch.push_back({s.param, s.first + done, n, s.trainable});
+            done += n;
+          }
+        }
+        flush();
+      }
+      engine.restore_training_state(
+          training_state_from_json(m.state.at("engine"), (reader->dir() / "manifest.json").string()));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree(*bootstrap, error, fmt::format("checkpoint load from {}", reader->dir().string()));
+    return result;
+  }
+
+  // Refuses a checkpoint whose params or optimizer conflict with the engine, naming the conflict.
+  void check_compatible(const CheckpointReader& reader) const {
+    const Manifest& m = reader.manifest();
+    const std::string where = (reader.dir() / "manifest.json").string();
+    const std::string job_optimizer(config::to_string(engine.config().optimizer->type));
+    const std::string saved_optimizer = m.state.value("optimizer", std::string());
+    if (saved_optimizer != job_optimizer) {
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint's optimizer is {}, the job's is {} (optimizer.type): their states differ",
+                      where, saved_optimizer.empty() ? "unknown" : saved_optimizer, job_optimizer));
+    }
+    std::size_t job_params = 0;
+    for (const std::string& unit : engine.unit_names()) {
+      for (const ParamSpec& p : engine.unit_params(unit)) {
+        ++job_params;
+        const ParamInfo* saved = reader.find_param(p.name);
+        if (saved == nullptr) {
+          throw CheckpointError(
+              fmt::format("{}: the job's param '{}' (unit '{}') is not in the checkpoint", where, p.name, unit));
+        }
+        if (saved->shape != p.shape) {
+          throw CheckpointError(fmt::format("{}: param '{}' has shape [{}] in the checkpoint, [{}] in the job", where,
+                                            p.name, fmt::join(saved->shape, ", "), fmt::join(p.shape, ", ")));
+        }
+        if (saved->trainable != p.trainable) {
+          throw CheckpointError(fmt::format("{}: param '{}' is {} in the checkpoint, {} in the job", where, p.name,
+                                            saved->trainable ? "trainable" : "frozen",
+                                            p.trainable ? "trainable" : "frozen"));
+        }
+      }
+    }
+    if (m.params.size() != job_params) {
+      for (const ParamInfo& saved : m.params) {
+        bool found = false;
+        for (const std::string& unit : engine.unit_names()) {
+          for (const ParamSpec& p : engine.unit_params(unit)) found = found || p.name == saved.name;
+        }
+        if (!found) {
+          throw CheckpointError(fmt::format("{}: the checkpoint's param '{}' (unit '{}') is not in the job", where,
+                                            saved.name, saved.unit));
+        }
+      }
+    }
+  }
+};
+
+Checkpointer::Checkpointer(Engine& engine, std::shared_ptr<comm::Bootstrap> bootstrap, CheckpointerOptions options)
+    : impl_(std::make_unique<Impl>(engine, std::move(bootstrap), options)) {
+  if (options.staging_bytes == 0) throw UsageError("Checkpointer: staging_bytes must be > 0");
+}
+
+Checkpointer::~Checkpointer() {
+  if (!impl_->flight) return;
+  if (impl_->flight->writer.joinable()) impl_->flight->writer.join();
+  impl_->release_storage(*impl_->flight);
+}
+
+void Checkpointer::save(const fs::path& root, const std::string& tag, std::int64_t step, const Json& trainer_state) {
+  impl_->save(root, tag, step, trainer_state);
+}
+
+std::vector<SaveReport> Checkpointer::poll() {
+  std::vector<SaveReport> out = std::exchange(impl_->pending, {});
+  if (std::optional<SaveReport> r = impl_->complete(/*block=*/false)) out.push_back(std::move(*r));
+  return out;
+}
+
+std::vector<SaveReport> Checkpointer::wait() {
+  std::vector<SaveReport> out = std::exchange(impl_->pending, {});
+  if (std::optional<SaveReport> r = impl_->complete(/*block=*/true)) out.push_back(std::move(*r));
+  return out;
+}
+
+bool Checkpointer::in_flight() const {
+  return impl_->flight != nullptr;
+}
+
+LoadResult Checkpointer::load(const fs::path& path, std::string_view tag) {
+  return impl_->load(path, tag);
+}
+
+}  // namespace zero3::ckpt

@@ -1,0 +1,279 @@
+// The manifest's JSON form (to_json / *_from_json, every field checked and named when wrong), the paths
+// under a checkpoint root, and tag validation.
+#include <fmt/format.h>
+
+#include <charconv>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/core/error.hpp"
+
+namespace zero3::ckpt {
+namespace {
+
+using nlohmann::json;
+
+// Only the manifest's own spellings (dtype_name()); parse_dtype's DeepSpeed aliases are for configs.
+std::optional<DType> manifest_dtype(std::string_view name) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    if (name == dtype_name(t)) return t;
+  }
+  return std::nullopt;
+}
+
+// 64-bit hashes are strings of 16 hex digits: JSON numbers are doubles to most readers.
+std::string hex64(std::uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
+
+// Typed access to the fields of one JSON object; errors say "<source>: field <path>: <problem>".
+class Fields {
+ public:
+  Fields(const json& j, std::string path, const std::string& source) : j_(j), path_(std::move(path)), source_(source) {
+    if (!j_.is_object()) fail(path_, fmt::format("expected an object, got {}", j_.type_name()));
+  }
+
+  const json& get(std::string_view key) const {
+    auto it = j_.find(key);
+    if (it == j_.end()) fail(sub(key), "missing");
+    return *it;
+  }
+  std::string string(std::string_view key) const {
+    const json& v = get(key);
+    if (!v.is_string()) fail(sub(key), fmt::format("expected a string, got {}", v.dump()));
+    return v.get<std::string>();
+  }
+  std::uint64_t u64(std::string_view key) const {
+    const json& v = get(key);
+    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
+    fail(sub(key), fmt::format("expected a non-negative integer, got {}", v.dump()));
+  }
+  std::int64_t i64(std::string_view key) const {
+    const json& v = get(key);
+    if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<std::uint64_t>() > kMaxI64)) {
+      return v.get<std::int64_t>();
+    }
+    fail(sub(key), fmt::format("expected an integer, got {}", v.dump()));
+  }
+  int int32(std::string_view key, int min_value) const {
+    const std::int64_t v = i64(key);
+    if (v < min_value || v > std::numeric_limits<int>::max()) {
+      fail(sub(key), fmt::format("{} is out of range (at least {})", v, min_value));
+    }
+    return static_cast<int>(v);
+  }
+  bool boolean(std::string_view key) const {
+    const json& v = get(key);
+    if (!v.is_boolean()) fail(sub(key), fmt::format("expected true or false, got {}", v.dump()));
+    return v.get<bool>();
+  }
+  DType dtype(std::string_view key) const {
+    const std::string s = string(key);
+    if (auto t = manifest_dtype(s)) return *t;
+    fail(sub(key), fmt::format("unknown dtype \"{}\" (fp32, bf16 or fp16)", s));
+  }
+  std::uint64_t hash(std::string_view key) const {
+    const std::string s = string(key);
+    std::uint64_t v = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
+    if (s.size() != 16 || ec != std::errc() || end != s.data() + s.size()) {
+      fail(sub(key), fmt::format("expected 16 hex digits, got \"{}\"", s));
+    }
+    return v;
+  }
+  const json& array(std::string_view key) const {
+    const json& v = get(key);
+    if (!v.is_array()) fail(sub(key), fmt::format("expected an array, got {}", v.type_name()));
+    return v;
+  }
+  std::string sub(std::string_view key) const {
+    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+  }
+  const std::string& source() const { return source_; }
+
+  [[noreturn]] void fail(const std::string& path, const std::string& problem) const {
+    throw CheckpointError(fmt::format("{}: field {}: {}", source_, path.empty() ? "(top level)" : path, problem));
+  }
+
+ private:
+  static constexpr auto kMaxI64 = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  const json& j_;
+  std::string path_;
+  const std::string& source_;
+};
+
+json chunk_to_json(const ChunkEntry& c) {
+  return json{{"param", c.param}, {"kind", c.kind},     {"dtype", dtype_name(c.dtype)}, {"first", c.first},
+              {"count", c.count}, {"offset", c.offset}, {"xxh64", hex64(c.xxh64)}};
+}
+
+ChunkEntry chunk_from_json(const json& j, const std::string& path, const std::string& source) {
+  const Fields f(j, path, source);
+  ChunkEntry c;
+  c.param = f.string("param");
+  c.kind = f.string("kind");
+  c.dtype = f.dtype("dtype");
+  c.first = f.u64("first");
+  c.count = f.u64("count");
+  c.offset = f.u64("offset");
+  c.xxh64 = f.hash("xxh64");
+  if (c.param.empty()) f.fail(f.sub("param"), "empty");
+  if (c.kind.empty()) f.fail(f.sub("kind"), "empty");
+  return c;
+}
+
+FileSummary file_from_json(const json& j, const std::string& path, const std::string& source) {
+  const Fields f(j, path, source);
+  FileSummary s;
+  s.name = f.string("name");
+  s.rank = f.int32("rank", 0);
+  s.bytes = f.u64("bytes");
+  s.xxh64 = f.hash("xxh64");
+  // A name is a plain file in the checkpoint directory, never a path out of it.
+  if (s.name.empty() || s.name == "." || s.name == ".." || s.name.find('/') != std::string::npos ||
+      s.name.find('\0') != std::string::npos) {
+    f.fail(f.sub("name"), fmt::format("\"{}\" is not a file name", s.name));
+  }
+  const json& chunks = f.array("chunks");
+  s.chunks.reserve(chunks.size());
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    s.chunks.push_back(chunk_from_json(chunks[i], fmt::format("{}[{}]", f.sub("chunks"), i), source));
+    const ChunkEntry& c = s.chunks.back();
+    const std::uint64_t size = c.count * size_of(c.dtype);
+    if (c.count > s.bytes || c.offset > s.bytes || size > s.bytes - c.offset) {
+      f.fail(fmt::format("{}[{}]", f.sub("chunks"), i),
+             fmt::format("{} bytes at offset {} lie past the end of the file ({} bytes)", size, c.offset, s.bytes));
+    }
+  }
+  return s;
+}
+
+ParamInfo param_from_json(const json& j, const std::string& path, const std::string& source) {
+  const Fields f(j, path, source);
+  ParamInfo p;
+  p.name = f.string("name");
+  p.unit = f.string("unit");
+  p.dtype = f.dtype("dtype");
+  p.trainable = f.boolean("trainable");
+  if (p.name.empty()) f.fail(f.sub("name"), "empty");
+  const json& shape = f.array("shape");
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    const json& d = shape[i];
+    if (!d.is_number_integer() || d.get<std::int64_t>() < 0) {
+      f.fail(fmt::format("{}[{}]", f.sub("shape"), i), fmt::format("expected a size, got {}", d.dump()));
+    }
+    p.shape.push_back(d.get<std::int64_t>());
+  }
+  return p;
+}
+
+}  // namespace
+
+std::uint64_t ParamInfo::numel() const {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+nlohmann::json to_json(const FileSummary& f) {
+  json chunks = json::array();
+  for (const ChunkEntry& c : f.chunks) chunks.push_back(chunk_to_json(c));
+  return json{{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}, {"chunks", chunks}};
+}
+
+FileSummary file_summary_from_json(const nlohmann::json& j) {
+  return file_from_json(j, "", "file summary");
+}
+
+nlohmann::json to_json(const Manifest& m) {
+  json params = json::array();
+  for (const ParamInfo& p : m.params) {
+    params.push_back(json{{"name", p.name},
+                          {"unit", p.unit},
+                          {"shape", p.shape},
+                          {"dtype", dtype_name(p.dtype)},
+                          {"trainable", p.trainable}});
+  }
+  json files = json::array();
+  for (const FileSummary& f : m.files) files.push_back(to_json(f));
+  return json{{"format", kFormat},
+              {"version", kVersion},
+              {"tag", m.tag},
+              {"step", m.step},
+              {"world_size", m.world_size},
+              {"config", m.config},
+              {"config_hash", m.config_hash},
+              {"params", params},
+              {"files", files},
+              {"state", m.state}};
+}
+
+Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) {
+  // The format is checked before anything else, so any other JSON file reads as "not a checkpoint".
+  if (!j.is_object()) throw CheckpointError(fmt::format("{}: not a zero3 checkpoint (not a JSON object)", source));
+  auto format = j.find("format");
+  if (format == j.end()) throw CheckpointError(fmt::format("{}: not a zero3 checkpoint (no \"format\")", source));
+  if (!format->is_string() || format->get<std::string>() != kFormat) {
+    throw CheckpointError(
+        fmt::format("{}: not a zero3 checkpoint (format {}, expected \"{}\")", source, format->dump(), kFormat));
+  }
+  const Fields f(j, "", source);
+  const std::int64_t version = f.i64("version");
+  if (version != kVersion) {
+    throw CheckpointError(fmt::format("{}: checkpoint format version {} is not supported (this build reads version {})",
+                                      source, version, kVersion));
+  }
+  Manifest m;
+  m.tag = f.string("tag");
+  m.step = f.i64("step");
+  m.world_size = f.int32("world_size", 1);
+  m.config = f.get("config");
+  m.config_hash = f.string("config_hash");
+  m.state = f.get("state");
+  const json& params = f.array("params");
+  m.params.reserve(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    m.params.push_back(param_from_json(params[i], fmt::format("params[{}]", i), source));
+  }
+  const json& files = f.array("files");
+  m.files.reserve(files.size());
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    m.files.push_back(file_from_json(files[i], fmt::format("files[{}]", i), source));
+  }
+  return m;
+}
+
+std::filesystem::path checkpoint_dir(const std::filesystem::path& root, std::string_view tag) {
+  check_tag(tag);
+  return root / std::string(tag);
+}
+
+std::filesystem::path staging_dir(const std::filesystem::path& root, std::string_view tag) {
+  check_tag(tag);
+  return root / (".tmp." + std::string(tag));
+}
+
+void check_tag(std::string_view tag) {
+  std::string_view problem;
+  if (tag.empty()) {
+    problem = "empty";
+  } else if (tag == "latest") {
+    problem = "\"latest\" names the pointer file";
+  } else if (tag.front() == '.') {
+    problem = "starts with '.' (hidden names are the library's own)";
+  } else if (tag.find('/') != std::string_view::npos) {
+    problem = "holds '/'";
+  } else if (tag.find('\0') != std::string_view::npos) {
+    problem = "holds a NUL";
+  } else {
+    return;
+  }
+  std::string shown;
+  for (char c : tag) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+  throw CheckpointError(fmt::format("invalid checkpoint tag \"{}\": {}", shown, problem));
+}
+
+}  // namespace zero3::ckpt

@@ -1,0 +1,192 @@
+// Engine's checkpoint support (engine.hpp: local_slices, read_state, write_state, training_state): this
+// rank's part of the params and the optimizer state moved to and from host memory by param name and
+// element range. The shards are never gathered: each slice maps to one run of the rank's flat buffers.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine_impl.hpp"
+#include "zero3/core/error.hpp"
+
+namespace zero3 {
+namespace {
+
+// Where a slice sits in the rank's flat buffers: the element offset into the param shards, which is also
+// the offset into the state-order buffers for a trainable param (trainable groups come first in both).
+struct SliceLocation {
+  std::size_t flat = 0;
+  bool frozen = false;
+};
+
+SliceLocation locate(const engine::Layout& layout, const ParamSlice& slice, std::string_view call) {
+  const auto pi = layout.find_param(slice.param);
+  if (!pi) throw UsageError(fmt::format("{}: no param named '{}'", call, slice.param));
+  const engine::ParamLayout& p = layout.params[*pi];
+  const engine::GroupLayout& g = layout.units[p.unit].group(p.group);
+  const std::size_t begin = p.offset + slice.first;  // in the group's flat buffer
+  // An empty slice names no element: every rank keeps it (local_slices lists a zero-size param on every
+  // rank, and on rank 0 when owned, wherever the param's offset falls).
+  if (slice.count == 0 && slice.first <= p.numel) return {0, p.group == engine::Group::frozen};
+  if (slice.first + slice.count > p.numel || begin < g.shard_begin || begin + slice.count > g.shard_begin + g.shard) {
+    throw UsageError(fmt::format(
+        "{}: elements [{}, {}) of '{}' ({} elements) are not all kept by rank {} (it keeps [{}, {}) of the flat "
+        "group)",
+        call, slice.first, slice.first + slice.count, slice.param, p.numel, layout.rank, g.shard_begin,
+        g.shard_begin + g.shard));
+  }
+  return {g.flat_offset + (begin - g.shard_begin), p.group == engine::Group::frozen};
+}
+
+}  // namespace
+
+std::vector<ParamSlice> Engine::local_slices(bool owned) const {
+  const Impl& impl = *impl_;
+  if (!impl.layout) throw UsageError("local_slices() before finalize()");
+  const engine::Layout& layout = *impl.layout;
+  std::vector<ParamSlice> out;
+  for (const engine::UnitLayout& u : layout.units) {
+    if (u.persistent && owned && layout.rank != 0) continue;
+    for (const std::size_t pi : u.params) {
+      const engine::ParamLayout& p = layout.params[pi];
+      const engine::GroupLayout& g = u.group(p.group);
+      const bool trainable = p.group == engine::Group::trainable;
+      if (p.numel == 0) {  // recorded once (rank 0) so that a checkpoint names every param
+        if (!owned || layout.rank == 0) out.push_back({p.spec.name, 0, 0, trainable});
+        continue;
+      }
+      const engine::SliceOverlap o = engine::overlap(p, g.shard_begin, g.shard);
+      if (o.count == 0) continue;
+      out.push_back({p.spec.name, o.param_first, o.count, trainable});
+    }
+  }
+  return out;
+}
+
+std::size_t Engine::state_bytes(TensorKind kind, std::span<const ParamSlice> slices) const {
+  std::size_t elems = 0;
+  for (const ParamSlice& s : slices) elems += s.count;
+  return elems * (kind == TensorKind::param ? size_of(impl_->dtype) : sizeof(float));
+}
+
+namespace {
+
+// The pieces holding `kind` of `slice` and their element size, or throws naming what is missing.
+const engine::StatePieces& source_pieces(Engine::Impl& impl, TensorKind kind, const ParamSlice& slice, bool frozen,
+                                         engine::StatePieces& shard_pieces, std::string_view call) {
+  if (kind == TensorKind::param) return shard_pieces;
+  if (kind == TensorKind::grad) throw UsageError(fmt::format("{}: gradients are not part of a checkpoint", call));
+  if (frozen) {
+    throw UsageError(fmt::format("{}('{}', {}): the param is frozen: it has no optimizer state", call, slice.param,
+                                 tensor_kind_name(kind)));
+  }
+  const engine::StatePieces& pieces = impl.optimizer_step->optimizer().pieces(kind);
+  if (pieces.empty()) {
+    throw UsageError(fmt::format("{}: the {} optimizer keeps no {}", call,
+                                 config::to_string(impl.config.optimizer->type), tensor_kind_name(kind)));
+  }
+  return pieces;
+}
+
+void check_boundary(const Engine::Impl& impl, std::string_view call) {
+  if (!impl.layout) throw UsageError(fmt::format("{} before finalize()", call));
+  if (!impl.scopes.empty() || impl.micro_steps != 0) {
+    throw UsageError(fmt::format(
+        "{}: only at an accumulation boundary with no scope open ({} micro-step(s) into the window, {} scope(s) "
+        "open)",
+        call, impl.micro_steps, impl.scopes.size()));
+  }
+}
+
+}  // namespace
+
+void Engine::read_state(TensorKind kind, std::span<const ParamSlice> slices, std::span<std::byte> out) {
+  Impl& impl = *impl_;
+  impl.check_call("read_state", true);
+  check_boundary(impl, "read_state");
+  const std::size_t elem = kind == TensorKind::param ? size_of(impl.dtype) : sizeof(float);
+  if (out.size() != state_bytes(kind, slices)) {
+    throw UsageError(fmt::format("read_state: {} bytes given for {} bytes of {}", out.size(), state_bytes(kind, slices),
+                                 tensor_kind_name(kind)));
+  }
+  engine::StatePieces shard_pieces{{0, impl.param_shards.view()}};
+  impl.comm_stream->synchronize();  // every step and reduction enqueued so far
+  impl.optimizer_step->optimizer().prepare_read();
+  std::size_t at = 0;
+  for (const ParamSlice& s : slices) {
+    const SliceLocation loc = locate(*impl.layout, s, "read_state");
+    const engine::StatePieces& pieces = source_pieces(impl, kind, s, loc.frozen, shard_pieces, "read_state");
+    if (s.count > 0) {
+      const BufferView dst{out.data() + at, static_cast<std::size_t>(s.count),
+                           kind == TensorKind::param ? impl.dtype : DType::f32, MemoryKind::pageable_host};
+      engine::copy_from_pieces(*impl.device, pieces, loc.flat, dst, *impl.comm_stream);
+    }
+    at += s.count * elem;
+  }
+  impl.comm_stream->synchronize();
+}
+
+void Engine::write_state(TensorKind kind, std::span<const ParamSlice> slices, std::span<const std::byte> in) {
+  Impl& impl = *impl_;
+  impl.check_call("write_state", true);
+  check_boundary(impl, "write_state");
+  const std::size_t elem = kind == TensorKind::param ? size_of(impl.dtype) : sizeof(float);
+  if (in.size() != state_bytes(kind, slices)) {
+    throw UsageError(fmt::format("write_state: {} bytes given for {} bytes of {}", in.size(), state_bytes(kind, slices),
+                                 tensor_kind_name(kind)));
+  }
+  engine::StatePieces shard_pieces{{0, impl.param_shards.view()}};
+  impl.comm_stream->synchronize();
+  impl.optimizer_step->optimizer().prepare_read();
+  std::size_t at = 0;
+  for (const ParamSlice& s : slices) {
+    const SliceLocation loc = locate(*impl.layout, s, "write_state");
+    const engine::StatePieces& pieces = source_pieces(impl, kind, s, loc.frozen, shard_pieces, "write_state");
+    if (s.count > 0) {
+      const ConstBufferView src{in.data() + at, static_cast<std::size_t>(s.count),
+                                kind == TensorKind::param ? impl.dtype : DType::f32, MemoryKind::pageable_host};
+      engine::copy_into_pieces(*impl.device, pieces, loc.flat, src, *impl.comm_stream);
+    }
+    at += s.count * elem;
+  }
+  if (kind == TensorKind::param) impl.coordinator->refresh_persistent(/*frozen_too=*/true);
+  impl.comm_stream->synchronize();
+  // Compute work after this reads what was written (persistent units are read in place).
+  impl.comm_stream->record(*impl.step_done);
+  impl.compute->wait(*impl.step_done);
+}
+
+bool Engine::keeps_state(TensorKind kind) const {
+  const Impl& impl = *impl_;
+  if (!impl.optimizer_step) throw UsageError("keeps_state() before finalize()");
+  if (kind == TensorKind::param || kind == TensorKind::master) return true;
+  return !impl.optimizer_step->optimizer().pieces(kind).empty();
+}
+
+TrainingState Engine::training_state() const {
+  const Impl& impl = *impl_;
+  if (!impl.optimizer_step) throw UsageError("training_state() before finalize()");
+  TrainingState s;
+  s.global_step = impl.global_step;
+  s.skipped_steps = impl.skipped_steps;
+  impl.optimizer_step->fill_state(s);
+  return s;
+}
+
+void Engine::restore_training_state(const TrainingState& state) {
+  Impl& impl = *impl_;
+  impl.check_call("restore_training_state", true);
+  check_boundary(impl, "restore_training_state");
+  if (state.global_step < 0 || state.skipped_steps < 0 || state.skipped_steps > state.global_step ||
+      state.applied_steps < 0 || !(state.loss_scale > 0.0)) {
+    throw UsageError(fmt::format(
+        "restore_training_state: inconsistent state (global_step {}, skipped_steps {}, applied_steps {}, loss "
+        "scale {})",
+        state.global_step, state.skipped_steps, state.applied_steps, state.loss_scale));
+  }
+  impl.global_step = state.global_step;
+  impl.skipped_steps = state.skipped_steps;
+  impl.optimizer_step->restore_state(state);
+}
+
+}  // namespace zero3

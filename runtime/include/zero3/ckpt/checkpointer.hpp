@@ -1,0 +1,95 @@
+// Saving and loading an Engine's state through the checkpoint format (zero3/ckpt/checkpoint.hpp), for
+// `zero3 train` and for trainers that embed the engine. Every call here is collective: all ranks call it
+// in the same order.
+//
+// A save writes, on every rank, only the rank's own slices (engine.local_slices(owned)) of the params,
+// fp32 master weights and optimizer moments, plus a manifest (rank 0) holding the engine's training state
+// (step counters, lr schedule, loss scaler), the resolved config and its hash, and the trainer's own state
+// (an opaque JSON object: data-sampler position, RNG seed, ...). It commits by atomic rename after fsync;
+// ROOT/latest moves only after the commit, so it always names a complete checkpoint.
+//
+// Async saves: save() copies the state into a staging area of at most `staging_bytes` (pageable host
+// memory, reported to the engine's memory tracker as staging) and returns as soon as the last byte is in
+// it; a background thread writes the rank's file meanwhile (when the state is larger than the staging
+// area, save() waits for the writer to drain before copying more, so the state never changes under it).
+// The commit happens in the first poll() (call it once per step) after every rank's writer finished; a
+// failed write (disk full, ...) is reported there, and the previous checkpoint stays intact. A second
+// save() first waits for the one in flight.
+//
+// A load works at any world size: each rank reads only the byte ranges of the slices it keeps, a bounded
+// block at a time, verifying each chunk's checksum. A checkpoint whose params (names, shapes) or
+// optimizer type conflict with the job is refused with CheckpointError naming the conflict, before
+// anything is written into the engine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zero3/comm/communicator.hpp"
+#include "zero3/engine/engine.hpp"
+
+namespace zero3::ckpt {
+
+struct CheckpointerOptions {
+  bool async = true;
+  std::size_t staging_bytes = std::size_t{256} << 20;  // per rank
+};
+
+// The outcome of a save, as poll()/wait() report it (the same on every rank).
+struct SaveReport {
+  std::string tag;
+  std::filesystem::path dir;  // ROOT/TAG
+  bool ok = false;
+  std::string error;        // when !ok: what failed, on which rank
+  std::uint64_t bytes = 0;  // all ranks' data files
+  double snapshot_s = 0.0;  // rank 0: time save() blocked the caller
+  double total_s = 0.0;     // rank 0: from save() to the commit
+};
+
+struct LoadResult {
+  std::string tag;
+  std::int64_t step = 0;
+  int saved_world_size = 1;
+  nlohmann::json trainer_state;  // what the saver passed as trainer_state
+  std::uint64_t bytes_read = 0;  // by this rank
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(Engine& engine, std::shared_ptr<comm::Bootstrap> bootstrap, CheckpointerOptions options = {});
+  // Waits for a writer still running (its result is dropped: call wait() to get it). Destroy a
+  // Checkpointer before its Engine.
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // At an accumulation boundary. `step`: the optimizer steps the state holds (the manifest's "step").
+  // Synchronous (options.async false): returns after the commit; the next poll() or wait() reports it.
+  void save(const std::filesystem::path& root, const std::string& tag, std::int64_t step,
+            const nlohmann::json& trainer_state);
+  // Completes an async save whose writers have finished on every rank, and returns the reports of the
+  // saves completed since the last poll()/wait() (a synchronous save, or one a later save() waited for).
+  // Cheap when no save is in flight.
+  std::vector<SaveReport> poll();
+  // Waits for the save in flight (if any), completes it, and returns the reports as poll() does.
+  std::vector<SaveReport> wait();
+  bool in_flight() const;
+
+  // `path`: a checkpoint directory, or a root (then `tag`, or ROOT/latest). At an accumulation boundary
+  // before training (or between steps).
+  LoadResult load(const std::filesystem::path& path, std::string_view tag = {});
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zero3::ckpt

@@ -1,0 +1,18 @@
+# Checkpoints through `zero3 train` (tests/mpi/ckpt_train_test.sh): exact resume at 1, 2 and 4 ranks with
+# offload on and off in bf16 and fp16, resharding 4 -> 2 and 3 ranks, kill -9 during saves, a full disk,
+# bad resumes. Not under sanitizers: it runs a hundred short jobs at full speed.
+if(TARGET zero3 AND NOT ZERO3_SANITIZE)
+  add_test(NAME mpi.ckpt_train
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/ckpt_train_test.sh $<TARGET_FILE:zero3>
+                   ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
+  set_tests_properties(mpi.ckpt_train PROPERTIES LABELS "mpi" TIMEOUT 900)
+endif()
+
+# The Checkpointer API on the engine, as an embedding trainer uses it (tests/mpi/test_checkpointer.cpp):
+# exact resume (sync and async saves) for AdamW, bf16 + offload, fp16 scaling, Lion, Adagrad, frozen params,
+# offload_param with persistent units; refused loads that leave the engine untouched; slice coverage and
+# read_state/write_state; a 1-byte staging area; poll/wait ordering of consecutive saves.
+if(TARGET zero3_checkpointer)
+  zero3_mpi_test(checkpointer SOURCES mpi/test_checkpointer.cpp LIBS zero3_test_model zero3_checkpointer zero3_engine
+                 NP 1 2 3 4)
+endif()

@@ -1,0 +1,15 @@
+# The checkpoint format (zero3_ckpt): rank files, manifest, commit protocol, verified and resharded reads,
+# corruption and write failures, safetensors export; and `zero3 ckpt info/export` end to end, the export
+# read back by Python's safetensors (skipped, exit 77, where safetensors or numpy is missing).
+zero3_unit_test(ckpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ckpt.cpp LIBS zero3_ckpt)
+
+add_executable(make_test_checkpoint ${CMAKE_CURRENT_LIST_DIR}/make_test_checkpoint.cpp)
+target_link_libraries(make_test_checkpoint PRIVATE zero3_ckpt)
+zero3_project_flags(make_test_checkpoint)
+
+if(TARGET zero3)
+  add_test(NAME unit.ckpt_export_safetensors
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/ckpt_export_safetensors.sh $<TARGET_FILE:zero3>
+                   $<TARGET_FILE:make_test_checkpoint>)
+  set_tests_properties(unit.ckpt_export_safetensors PROPERTIES LABELS "unit" TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
