@@ -160,16 +160,23 @@ struct Checkpointer::Impl {
       std::lock_guard lock(f.mutex);
       f.error = e.what();
     }
+    // f.error is shared with the producer (a failed snapshot): read it under the lock only.
+    const auto failed = [&] {
+      std::lock_guard lock(f.mutex);
+      return !f.error.empty();
+    };
     for (;;) {
       Block block;
+      bool ok = false;
       {
         std::unique_lock lock(f.mutex);
         f.changed.wait(lock, [&] { return !f.queue.empty() || !f.producing; });
         if (f.queue.empty()) break;
         block = std::move(f.queue.front());
         f.queue.pop_front();
+        ok = f.error.empty();
       }
-      if (file && f.error.empty()) {
+      if (file && ok) {
         try {
           file->append(block.param, kind_name(block.kind), block.dtype, block.first, block.count, block.data());
         } catch (const std::exception& e) {
@@ -184,7 +191,7 @@ struct Checkpointer::Impl {
       f.changed.notify_all();
     }
     FileSummary summary;
-    if (file && f.error.empty()) {
+    if (file && !failed()) {
       try {
         summary = file->finish();
       } catch (const std::exception& e) {
