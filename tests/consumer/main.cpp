@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/ckpt/checkpointer.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/error.hpp"
@@ -19,6 +21,20 @@
 namespace {
 
 int g_failures = 0;
+void expect(bool ok, const std::string& what);
+
+// The checkpoint libraries come with zero3::runtime: a tag check and the Checkpointer's type.
+void check_checkpoint_api() {
+  bool refused = false;
+  try {
+    zero3::ckpt::check_tag("latest");
+  } catch (const zero3::CheckpointError&) {
+    refused = true;
+  }
+  zero3::ckpt::check_tag("global_step100");
+  expect(refused, "ckpt::check_tag refuses the tag 'latest'");
+  expect(zero3::ckpt::CheckpointerOptions{}.staging_bytes > 0, "Checkpointer options");
+}
 
 void expect(bool ok, const std::string& what) {
   if (!ok) {
@@ -163,6 +179,7 @@ int main() {
     check_kernels();
     check_config();
     check_engine();
+    check_checkpoint_api();
   } catch (const std::exception& e) {
     expect(false, std::string("exception: ") + e.what());
   }
