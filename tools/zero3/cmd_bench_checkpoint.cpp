@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "bench_model.hpp"
@@ -58,7 +59,9 @@ void drop_cache_tree(const fs::path& dir) {
 }
 
 void check_io(bool ok, const char* what, const fs::path& path) {
-  if (!ok) throw Error(fmt::format("zero3 bench checkpoint: {} {}: {}", what, path.string(), std::strerror(errno)));
+  if (!ok)
+    throw Error(
+        fmt::format("zero3 bench checkpoint: {} {}: {}", what, path.string(), std::generic_category().message(errno)));
 }
 
 // The plain reference: `bytes` written sequentially in 4 MiB writes and fsynced.

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "commands.hpp"
@@ -64,10 +65,11 @@ std::string tail(const std::string& text, std::size_t lines) {
 // Runs argv with stdout and stderr into `log`; returns the exit status (128 + signal when killed).
 int run_process(const std::vector<std::string>& argv, const fs::path& log) {
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t pid = fork();
-  if (pid < 0) throw Error(fmt::format("zero3 bench train: fork: {}", std::strerror(errno)));
+  if (pid < 0) throw Error(fmt::format("zero3 bench train: fork: {}", std::generic_category().message(errno)));
   if (pid == 0) {
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
@@ -76,12 +78,13 @@ int run_process(const std::vector<std::string>& argv, const fs::path& log) {
       close(fd);
     }
     execvp(args[0], args.data());
-    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::generic_category().message(errno).c_str());
     _exit(127);
   }
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw Error(fmt::format("zero3 bench train: waitpid: {}", std::strerror(errno)));
+    if (errno != EINTR)
+      throw Error(fmt::format("zero3 bench train: waitpid: {}", std::generic_category().message(errno)));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -139,11 +142,13 @@ Cell run_cell(const TrainBenchOptions& o, const Json& base, const fs::path& dir,
 }
 
 void run(const TrainBenchOptions& o) {
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): read before any thread starts
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_RANK") != nullptr) {
     throw UsageError("zero3 bench train: run it as one process (not under mpirun): it starts the ranks itself");
   }
   std::ifstream in(o.config);
-  if (!in) throw ConfigError(fmt::format("--config {}: cannot read: {}", o.config, std::strerror(errno)));
+  if (!in)
+    throw ConfigError(fmt::format("--config {}: cannot read: {}", o.config, std::generic_category().message(errno)));
   Json base;
   try {
     base = Json::parse(in);

@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -71,7 +72,8 @@ struct TrainOptions {
 // The config file with the overrides written into its "zero3" block.
 std::string patched_config(const TrainOptions& o) {
   std::ifstream in(o.config);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read the config: {}", o.config, std::strerror(errno)));
+  if (!in)
+    throw ConfigError(fmt::format("{}: cannot read the config: {}", o.config, std::generic_category().message(errno)));
   std::stringstream text;
   text << in.rdbuf();
   if (o.overrides.empty() && !o.steps) return text.str();
@@ -311,7 +313,9 @@ void run_train(const TrainOptions& o) {
   std::ofstream metrics;
   if (!o.metrics.empty() && world.rank == 0) {
     metrics.open(o.metrics);
-    if (!metrics) throw ConfigError(fmt::format("--metrics {}: cannot write: {}", o.metrics, std::strerror(errno)));
+    if (!metrics)
+      throw ConfigError(
+          fmt::format("--metrics {}: cannot write: {}", o.metrics, std::generic_category().message(errno)));
   }
   if (world.rank == 0) {
     fmt::print("zero3 train: {}: {} params; {} ranks on {}; {}\n", trainer.model().describe(), train_model_params(ms),
