@@ -16,7 +16,7 @@ set(ZERO3_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/zero3)
 # A library's PUBLIC include directories in the source or build tree must be $<BUILD_INTERFACE:...>.
 set(ZERO3_INSTALL_LIBRARIES
   zero3_runtime zero3_core zero3_device zero3_kernels_host zero3_kernels_cuda zero3_comm zero3_config
-  zero3_optim zero3_engine zero3_offload zero3_ckpt zero3_checkpointer)
+  zero3_optim zero3_engine zero3_offload zero3_ckpt zero3_checkpointer zero3_data zero3_train)
 
 # zero3_install_closure(out targets...): the non-imported targets reachable from `targets` through
 # INTERFACE_LINK_LIBRARIES, and in `${out}_EXTERNAL` the imported ones. $<BUILD_INTERFACE:...> links

@@ -1,11 +1,13 @@
-#include "unit_trainer.hpp"
+#include "zero3/train/unit_trainer.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>
 
-namespace zero3::tools {
+#include "zero3/train/unit_walk.hpp"
+
+namespace zero3::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -38,9 +40,10 @@ StepSplit StepSplit::scaled(double f) const {
 
 UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
                          std::shared_ptr<comm::Bootstrap> bootstrap, const ModelFactory& make_model)
-    : timed_(config.wall_clock_breakdown) {
+    : timed_(config.wall_clock_breakdown),
+      bootstrap_(bootstrap ? std::move(bootstrap) : comm::make_mpi_bootstrap(world)) {
   EngineResources resources;
-  resources.bootstrap = std::move(bootstrap);
+  resources.bootstrap = bootstrap_;
   engine_ = std::make_unique<Engine>(config, world, std::move(resources));
   model_ = make_model(engine_->device());
   for (const UnitSpec& u : model_->units()) engine_->add_unit(u);
@@ -51,32 +54,17 @@ UnitTrainer::~UnitTrainer() {
   engine_.reset();  // drains the streams first
 }
 
-std::vector<BufferView> UnitTrainer::param_views(std::size_t unit, const Engine::GatherScope& scope) const {
-  std::vector<BufferView> views;
-  for (const ParamSpec& p : model_->units()[unit].params) views.push_back(scope.param(p.name));
-  return views;
-}
-
 double UnitTrainer::micro_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
                                 int len) {
-  const std::vector<UnitSpec>& units = model_->units();
   Stream& stream = engine_->compute_stream();
+  EngineUnits units(*engine_, model_->units());
   model_->set_batch(tokens, targets, batch, len, models::Pass::train);
   const Clock::time_point t0 = Clock::now();
-  for (std::size_t u = 0; u < units.size(); ++u) {
-    const Engine::GatherScope g = engine_->gather(units[u].name);
-    model_->forward_unit(u, param_views(u, g), stream);
-  }
+  walk_forward(units, [&](const UnitViews& u) { model_->forward_unit(u.unit, u.params, stream); });
   if (timed_) stream.synchronize();
   const Clock::time_point t1 = Clock::now();
   const auto seed = static_cast<float>(engine_->loss_multiplier());
-  for (std::size_t u = units.size(); u-- > 0;) {
-    const Engine::GatherScope g = engine_->gather(units[u].name);
-    const Engine::GradScope gr = engine_->grads(units[u].name);
-    std::vector<BufferView> grads;
-    for (const ParamSpec& p : units[u].params) grads.push_back(gr.grad(p.name));
-    model_->backward_unit(u, param_views(u, g), grads, seed, stream);
-  }
+  walk_backward(units, [&](const UnitViews& u) { model_->backward_unit(u.unit, u.params, u.grads, seed, stream); });
   if (timed_) stream.synchronize();
   window_.forward_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
   window_.backward_ms += ms_since(t1);
@@ -103,14 +91,11 @@ StepResult UnitTrainer::step() {
 
 double UnitTrainer::eval(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
                          int len) {
-  const std::vector<UnitSpec>& units = model_->units();
   Stream& stream = engine_->compute_stream();
+  EngineUnits units(*engine_, model_->units());
   model_->set_batch(tokens, targets, batch, len, models::Pass::eval);
   const Engine::UntracedScope untraced = engine_->untraced();  // keeps the training's prefetch schedule
-  for (std::size_t u = 0; u < units.size(); ++u) {
-    const Engine::GatherScope g = engine_->gather(units[u].name);
-    model_->forward_unit(u, param_views(u, g), stream);
-  }
+  walk_forward(units, [&](const UnitViews& u) { model_->forward_unit(u.unit, u.params, stream); });
   report_activations();
   return model_->loss(stream);
 }
@@ -126,4 +111,4 @@ void UnitTrainer::report_activations() {
   reported_kind_ = kind;
 }
 
-}  // namespace zero3::tools
+}  // namespace zero3::train

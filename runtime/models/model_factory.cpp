@@ -1,4 +1,4 @@
-#include "train_model.hpp"
+#include "zero3/models/model_factory.hpp"
 
 #include <fmt/format.h>
 
@@ -7,11 +7,11 @@
 #include "zero3/models/gpt_cuda.hpp"
 #include "zero3/models/mlp.hpp"
 
-namespace zero3::tools {
+namespace zero3::models {
 namespace {
 
-models::GptConfig gpt_config(const config::ModelSettings& m) {
-  models::GptConfig g;
+GptConfig gpt_config(const config::ModelSettings& m) {
+  GptConfig g;
   g.vocab_size = static_cast<int>(m.vocab_size);
   g.seq_len = static_cast<int>(m.seq_len);
   g.layers = static_cast<int>(m.layers);
@@ -20,8 +20,8 @@ models::GptConfig gpt_config(const config::ModelSettings& m) {
   return g;
 }
 
-models::MlpConfig mlp_config(const config::ModelSettings& m) {
-  models::MlpConfig c;
+MlpConfig mlp_config(const config::ModelSettings& m) {
+  MlpConfig c;
   c.vocab_size = static_cast<int>(m.vocab_size);
   c.context = static_cast<int>(m.seq_len);
   c.layers = static_cast<int>(m.layers);
@@ -33,22 +33,21 @@ models::MlpConfig mlp_config(const config::ModelSettings& m) {
 
 void validate_train_model(const config::ModelSettings& model) {
   if (model.type == config::ModelType::mlp) {
-    models::validate(mlp_config(model));
+    validate(mlp_config(model));
   } else {
-    models::validate(gpt_config(model));
+    validate(gpt_config(model));
   }
 }
 
 std::size_t train_model_params(const config::ModelSettings& model) {
-  return model.type == config::ModelType::mlp ? models::mlp_num_params(mlp_config(model))
-                                              : models::gpt_num_params(gpt_config(model));
+  return model.type == config::ModelType::mlp ? mlp_num_params(mlp_config(model)) : gpt_num_params(gpt_config(model));
 }
 
 std::int64_t predictions_per_window(const config::ModelSettings& model) {
   return model.type == config::ModelType::mlp ? 1 : model.seq_len;
 }
 
-std::unique_ptr<models::UnitModel> make_train_model(const config::ModelSettings& model, Device& device) {
+std::unique_ptr<UnitModel> make_train_model(const config::ModelSettings& model, Device& device) {
   validate_train_model(model);
   if (model.type == config::ModelType::mlp) {
     if (device.kind() != DeviceKind::host) {
@@ -56,10 +55,10 @@ std::unique_ptr<models::UnitModel> make_train_model(const config::ModelSettings&
           "zero3.model.type: the MLP is computed on the host only; use \"zero3\": {\"device\": \"host\"} or the "
           "\"gpt\" model");
     }
-    return models::make_host_mlp(mlp_config(model));
+    return make_host_mlp(mlp_config(model));
   }
-  if (device.kind() == DeviceKind::host) return models::make_host_gpt(gpt_config(model));
-  return models::make_cuda_gpt(gpt_config(model), device);
+  if (device.kind() == DeviceKind::host) return make_host_gpt(gpt_config(model));
+  return make_cuda_gpt(gpt_config(model), device);
 }
 
-}  // namespace zero3::tools
+}  // namespace zero3::models

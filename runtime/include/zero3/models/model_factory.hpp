@@ -1,5 +1,6 @@
 // The model a config's "zero3.model" block names, built for the engine's device: the GPT on the host
-// (OpenBLAS) or on CUDA (cuBLAS + kernels), the MLP on the host.
+// (OpenBLAS) or on CUDA (cuBLAS + kernels), the MLP on the host. Library zero3_model_factory (links the
+// CUDA GPT's library, a stub without nvcc); a trainer that brings its own UnitModel does not need it.
 #pragma once
 
 #include <cstdint>
@@ -9,11 +10,11 @@
 #include "zero3/device/device.hpp"
 #include "zero3/models/unit_model.hpp"
 
-namespace zero3::tools {
+namespace zero3::models {
 
 // Throws ConfigError naming the zero3.model field for a model that cannot be built, or for a model and
 // device with no implementation (the MLP on CUDA).
-std::unique_ptr<models::UnitModel> make_train_model(const config::ModelSettings& model, Device& device);
+std::unique_ptr<UnitModel> make_train_model(const config::ModelSettings& model, Device& device);
 // Validates the block without building anything (ConfigError naming the field).
 void validate_train_model(const config::ModelSettings& model);
 // Elements of all params.
@@ -21,4 +22,4 @@ std::size_t train_model_params(const config::ModelSettings& model);
 // Tokens of each window (of seq_len inputs) the model predicts: the GPT every position, the MLP the last.
 std::int64_t predictions_per_window(const config::ModelSettings& model);
 
-}  // namespace zero3::tools
+}  // namespace zero3::models

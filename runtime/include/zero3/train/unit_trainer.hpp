@@ -1,7 +1,14 @@
-// The training loop's engine half for `zero3 train` and `zero3 bench train`: a UnitModel driven through
-// the engine's scopes (gather every unit in forward; gather + grads in reverse in backward; step()), with
-// the model's activations reported to the memory tracker and, under wall_clock_breakdown, the time split
-// of each optimizer step (forward, backward, step, and the engine's waits inside them).
+// The engine half of a training loop: a UnitModel driven through the engine's unit walk (unit_walk.hpp:
+// gather every unit in forward; gather + grads in reverse in backward; step()), with the model's
+// activations reported to the memory tracker and, under wall_clock_breakdown, the time split of each
+// optimizer step (forward, backward, step, and the engine's waits inside them). The loop itself
+// (trainer.hpp) drives one of these; a trainer with its own loop can use it alone:
+//
+//   zero3::train::UnitTrainer t(config, world, bootstrap, [&](zero3::Device& d) { return make_model(d); });
+//   double loss = t.micro_batch(tokens, targets, batch, len);  // forward + backward of one micro-batch
+//   zero3::StepResult r = t.step();                            // once per micro-batch
+//
+// One host thread drives it; collective like the engine (every rank calls the same sequence).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +23,7 @@
 #include "zero3/engine/engine.hpp"
 #include "zero3/models/unit_model.hpp"
 
-namespace zero3::tools {
+namespace zero3::train {
 
 // Where one optimizer step's wall time went (milliseconds, this rank). forward + backward + step is the
 // step; the waits are parts of those: gathers stall forward and backward, reductions stall step().
@@ -41,7 +48,8 @@ class UnitTrainer {
   // Makes the model for the engine's device once the engine exists (the device decides host or CUDA).
   using ModelFactory = std::function<std::unique_ptr<models::UnitModel>(Device& device)>;
 
-  // Builds the engine, the model, declares the model's units and finalizes (collective).
+  // Builds the engine, the model, declares the model's units and finalizes (collective). A null bootstrap
+  // lets the engine make the MPI one for `world`.
   UnitTrainer(const config::Config& config, const comm::World& world, std::shared_ptr<comm::Bootstrap> bootstrap,
               const ModelFactory& make_model);
   ~UnitTrainer();
@@ -50,6 +58,8 @@ class UnitTrainer {
 
   Engine& engine() { return *engine_; }
   models::UnitModel& model() { return *model_; }
+  // The job's bootstrap (the one given, or the MPI one made for `world`): for the loop's own collectives.
+  const std::shared_ptr<comm::Bootstrap>& bootstrap() const { return bootstrap_; }
 
   // Forward and backward of one micro-batch ([batch, len] windows); returns its mean loss.
   double micro_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch, int len);
@@ -63,10 +73,10 @@ class UnitTrainer {
   const StepSplit& last_split() const { return last_split_; }
 
  private:
-  std::vector<BufferView> param_views(std::size_t unit, const Engine::GatherScope& scope) const;
   void report_activations();
 
   bool timed_;
+  std::shared_ptr<comm::Bootstrap> bootstrap_;
   // Destroyed after the engine, whose destructor drains the streams that may still read the model's buffers.
   std::unique_ptr<models::UnitModel> model_;
   std::unique_ptr<Engine> engine_;
@@ -76,4 +86,4 @@ class UnitTrainer {
   StepSplit last_split_;
 };
 
-}  // namespace zero3::tools
+}  // namespace zero3::train

@@ -1,0 +1,86 @@
+// Observers (observer.hpp) that report a run: the log line of each interval, the progress line between
+// them, one JSON object per interval in a file, DeepSpeed's csv_monitor files, and the entropy-floor
+// check of synthetic data. Each writes on rank 0 only (pass the rank); the floor check acts on every rank.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "zero3/config/config.hpp"
+#include "zero3/train/observer.hpp"
+
+namespace zero3::train {
+
+// "step 100/2500  loss ...  heldout ...  lr ...", the step split under wall_clock_breakdown, saves and
+// their failures (naming the checkpoint `latest` still names), the resume line. Standard output.
+class LogLine final : public TrainObserver {
+ public:
+  LogLine(int rank, std::filesystem::path save_dir) : rank_(rank), save_dir_(std::move(save_dir)) {}
+  void on_resume(const ckpt::LoadResult& loaded) override;
+  void on_log(const LogEvent& e) override;
+  void on_save(const ckpt::SaveReport& report) override;
+
+ private:
+  int rank_;
+  std::filesystem::path save_dir_;
+};
+
+// A line redrawn in place between log lines (step, loss, tokens/s, ETA), at most twice a second. Under
+// mpirun a rank's stdout is a pseudo-terminal even when mpirun's own output goes to a file, so the
+// caller decides whether to draw it (zero3 train --progress).
+class ProgressLine final : public TrainObserver {
+ public:
+  explicit ProgressLine(int rank) : rank_(rank) {}
+  void on_step(const StepEvent& e) override;
+  void on_log(const LogEvent& e) override;  // clears the line before the log line is printed
+
+ private:
+  int rank_;
+  std::chrono::steady_clock::time_point drawn_{};
+};
+
+// One JSON object per LogEvent: step, loss, heldout_loss, lr, grad_norm, loss_scale, skipped_steps,
+// tokens_per_s, entropy_floor (when known) and time_ms (the step split, under wall_clock_breakdown).
+// ConfigError naming the file when it cannot be written.
+class JsonlMetrics final : public TrainObserver {
+ public:
+  JsonlMetrics(int rank, const std::filesystem::path& path);
+  void on_log(const LogEvent& e) override;
+
+ private:
+  std::ofstream out_;
+};
+
+// DeepSpeed's csv_monitor layout: <output_path>/<job_name>/<event name with '/' -> '_'>.csv, each with a
+// "step,<last part of the name>" header and one "step,value" row per step; the step is the count of
+// training samples so far (DeepSpeed's global_samples). Events: Train/Samples/train_loss, .../lr and,
+// with fp16, .../loss_scale.
+class CsvMonitor final : public TrainObserver {
+ public:
+  CsvMonitor(int rank, const config::MonitorConfig& monitor, bool fp16);
+  void on_step(const StepEvent& e) override;
+
+ private:
+  void write(const std::string& name, double value, std::int64_t samples);
+
+  bool enabled_;
+  bool fp16_;
+  std::filesystem::path dir_;
+  std::set<std::string> started_;
+};
+
+// A held-out loss below the data's entropy floor by more than the estimate's sampling noise (`margin`
+// nats) means the model sees what it should not (a future token): the run stops with an Error.
+class EntropyFloorCheck final : public TrainObserver {
+ public:
+  explicit EntropyFloorCheck(double margin = 0.05) : margin_(margin) {}
+  void on_log(const LogEvent& e) override;
+
+ private:
+  double margin_;
+};
+
+}  // namespace zero3::train

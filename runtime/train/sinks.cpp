@@ -1,0 +1,152 @@
+#include "zero3/train/sinks.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/core/error.hpp"
+#include "zero3/core/log.hpp"
+
+namespace zero3::train {
+namespace {
+
+nlohmann::json split_json(const StepSplit& s) {
+  return {{"forward", s.forward_ms},
+          {"backward", s.backward_ms},
+          {"step", s.step_ms},
+          {"gather_wait", s.gather_wait_ms},
+          {"reduce_wait", s.reduce_wait_ms},
+          {"optimizer", s.optimizer_ms},
+          {"copies_exposed", s.copies_exposed_ms},
+          {"total", s.total_ms()}};
+}
+
+}  // namespace
+
+void LogLine::on_resume(const ckpt::LoadResult& loaded) {
+  if (rank_ != 0) return;
+  fmt::print("resumed from checkpoint '{}' (step {}, saved by {} rank(s), {:.1f} MB read by rank 0)\n", loaded.tag,
+             loaded.step, loaded.saved_world_size, static_cast<double>(loaded.bytes_read) / 1e6);
+  std::fflush(stdout);
+}
+
+void LogLine::on_log(const LogEvent& e) {
+  if (rank_ != 0) return;
+  const StepResult& r = e.result;
+  fmt::print(
+      "step {:>6}/{}  loss {:.4f}  heldout {:.4f}{}  lr {:.3e}  scale {:g}  grad norm {:.3f}  skipped {}  "
+      "{:.0f} tokens/s\n",
+      e.step, e.steps, e.train_loss, e.heldout_loss,
+      e.entropy_floor ? fmt::format(" (floor {:.4f})", *e.entropy_floor) : std::string(), r.lr, r.loss_scale,
+      r.grad_norm, r.skipped_steps, e.tokens_per_s);
+  if (e.timed) {
+    const StepSplit& s = e.split;
+    fmt::print(
+        "  time/step {:.2f} ms = forward {:.2f} + backward {:.2f} + step {:.2f} (optimizer {:.2f}); waiting for "
+        "gathers {:.2f}, reductions {:.2f}, offload copies {:.2f}\n",
+        s.total_ms(), s.forward_ms, s.backward_ms, s.step_ms, s.optimizer_ms, s.gather_wait_ms, s.reduce_wait_ms,
+        s.copies_exposed_ms);
+  }
+  std::fflush(stdout);
+}
+
+void LogLine::on_save(const ckpt::SaveReport& rep) {
+  if (rank_ != 0) return;
+  if (rep.ok) {
+    fmt::print("checkpoint {}: {:.1f} MB in {:.2f} s (training blocked {:.3f} s) -> {}\n", rep.tag,
+               static_cast<double>(rep.bytes) / 1e6, rep.total_s, rep.snapshot_s, rep.dir.string());
+    std::fflush(stdout);
+    return;
+  }
+  const std::optional<std::string> latest = save_dir_.empty() ? std::nullopt : ckpt::read_latest(save_dir_);
+  log::error("checkpoint {} failed: {}; the previous checkpoint is intact (latest: {})", rep.tag, rep.error,
+             latest.value_or("none"));
+}
+
+void ProgressLine::on_step(const StepEvent& e) {
+  if (rank_ != 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - drawn_ < std::chrono::milliseconds(500)) return;
+  drawn_ = now;
+  const double eta = e.elapsed_s / static_cast<double>(e.step) * static_cast<double>(e.steps - e.step);
+  fmt::print("\r  step {}/{}  loss {:.4f}  {:.0f} tokens/s  ETA {:.0f} s   ", e.step, e.steps, e.loss, e.tokens_per_s,
+             eta);
+  std::fflush(stdout);
+}
+
+void ProgressLine::on_log(const LogEvent& /*e*/) {
+  if (rank_ != 0) return;
+  fmt::print("\r{:80}\r", "");
+}
+
+JsonlMetrics::JsonlMetrics(int rank, const std::filesystem::path& path) {
+  if (rank != 0) return;
+  out_.open(path);
+  if (!out_) {
+    throw ConfigError(
+        fmt::format("--metrics {}: cannot write: {}", path.string(), std::generic_category().message(errno)));
+  }
+}
+
+void JsonlMetrics::on_log(const LogEvent& e) {
+  if (!out_.is_open()) return;
+  nlohmann::json line = {{"step", e.step},
+                         {"loss", e.train_loss},
+                         {"heldout_loss", e.heldout_loss},
+                         {"lr", e.result.lr},
+                         {"grad_norm", e.result.grad_norm},
+                         {"loss_scale", e.result.loss_scale},
+                         {"skipped_steps", e.result.skipped_steps},
+                         {"tokens_per_s", e.tokens_per_s}};
+  if (e.entropy_floor) line["entropy_floor"] = *e.entropy_floor;
+  if (e.timed) line["time_ms"] = split_json(e.split);
+  out_ << line.dump() << '\n' << std::flush;
+}
+
+CsvMonitor::CsvMonitor(int rank, const config::MonitorConfig& monitor, bool fp16)
+    : enabled_(rank == 0 && monitor.enabled), fp16_(fp16) {
+  if (!enabled_) return;
+  const std::filesystem::path base =
+      monitor.output_path.empty() ? std::filesystem::current_path() : std::filesystem::path(monitor.output_path);
+  dir_ = base / monitor.job_name;
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) {
+    throw ConfigError(fmt::format("csv_monitor.output_path: cannot create {}: {}", dir_.string(), ec.message()));
+  }
+}
+
+void CsvMonitor::on_step(const StepEvent& e) {
+  if (!enabled_) return;
+  write("Train/Samples/train_loss", e.loss, e.samples);
+  write("Train/Samples/lr", e.result.lr, e.samples);
+  if (fp16_) write("Train/Samples/loss_scale", e.result.loss_scale, e.samples);
+}
+
+void CsvMonitor::write(const std::string& name, double value, std::int64_t samples) {
+  std::string file = name;
+  std::replace(file.begin(), file.end(), '/', '_');
+  std::replace(file.begin(), file.end(), ' ', '_');
+  const std::filesystem::path path = dir_ / (file + ".csv");
+  const bool fresh = !started_.contains(file);
+  std::ofstream out(path, fresh ? std::ios::trunc : std::ios::app);
+  if (!out) throw Error(fmt::format("csv_monitor: cannot write {}", path.string()));
+  if (fresh) out << "step," << name.substr(name.rfind('/') + 1) << '\n';
+  out << samples << ',' << fmt::format("{}", value) << '\n';
+  started_.insert(file);
+}
+
+void EntropyFloorCheck::on_log(const LogEvent& e) {
+  if (!e.entropy_floor || e.heldout_loss >= *e.entropy_floor - margin_) return;
+  throw Error(fmt::format(
+      "step {}: held-out loss {:.4f} is below the data's entropy floor {:.4f} nats/token; no model can do that on "
+      "unseen data, so the model sees what it should not (a future token?)",
+      e.step, e.heldout_loss, *e.entropy_floor));
+}
+
+}  // namespace zero3::train

@@ -1,0 +1,102 @@
+#include "zero3/train/train_data.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "zero3/core/error.hpp"
+#include "zero3/core/log.hpp"
+
+namespace zero3::train {
+namespace {
+
+// Predicted tokens in a held-out measurement by default: its standard error is then ~0.02 nats, well
+// inside the 0.05 margin of the entropy-floor check (sinks.hpp).
+constexpr std::int64_t kHeldoutTokens = 4096;
+
+std::unique_ptr<data::TokenSource> make_source(const config::Config& config) {
+  data::TokenSourceOptions so;
+  so.source = config.zero3.data.source;
+  so.vocab_size = config.zero3.model ? config.zero3.model->vocab_size : 0;
+  so.markov_order = config.zero3.data.markov_order;
+  so.seed = config.zero3.seed;
+  so.heldout_fraction = config.zero3.data.heldout_fraction;
+  return data::make_token_source(so);
+}
+
+}  // namespace
+
+TokenWindows::TokenWindows(const config::Config& config, int rank, int world_size, const TokenWindowsOptions& options)
+    : options_(options),
+      rank_(rank),
+      world_size_(world_size),
+      seed_(config.zero3.seed),
+      global_batch_(config.batch.train_batch_size),
+      micro_(config.batch.train_micro_batch_size_per_gpu),
+      source_(make_source(config)) {
+  const std::int64_t context = options_.context;
+  const std::int64_t train_samples = source_->num_samples(data::Split::train, context);
+  if (train_samples < global_batch_) {
+    throw ConfigError(fmt::format(
+        "zero3.model.seq_len: a context of {} tokens leaves {} training window(s) of {} tokens in {}, fewer than "
+        "one global batch ({}); use more data, a shorter context or a smaller batch",
+        context, train_samples, context + 1, source_->describe(), global_batch_));
+  }
+  data::SamplerOptions sop;
+  sop.num_samples = train_samples;
+  sop.global_batch = global_batch_;
+  sop.world_size = world_size;
+  sop.rank = rank;
+  sop.seed = seed_;
+  sampler_.emplace(sop);
+  const std::int64_t per_window = std::max<std::int64_t>(1, options_.predictions_per_window);
+  const std::int64_t wanted =
+      options_.heldout_windows > 0 ? options_.heldout_windows : (kHeldoutTokens + per_window - 1) / per_window;
+  heldout_total_ = std::min(wanted, source_->num_samples(data::Split::heldout, context));
+  if (heldout_total_ < 1) {
+    throw ConfigError(fmt::format("zero3.model.seq_len: a context of {} tokens leaves no held-out sample in {}",
+                                  context, source_->describe()));
+  }
+}
+
+void TokenWindows::append_window(data::Split split, std::int64_t index, TokenBatch& out) const {
+  std::vector<data::TokenId> w(static_cast<std::size_t>(options_.context + 1));
+  source_->tokens(split, index, options_.context, w);
+  out.tokens.insert(out.tokens.end(), w.begin(), w.end() - 1);
+  out.targets.insert(out.targets.end(), w.begin() + 1, w.end());
+  ++out.batch;
+}
+
+TokenBatch TokenWindows::micro_batch(std::int64_t step, std::int64_t micro) {
+  TokenBatch b;
+  b.len = static_cast<int>(options_.context);
+  for (const std::int64_t i : sampler_->micro_batch(step, micro, micro_)) append_window(data::Split::train, i, b);
+  return b;
+}
+
+TokenBatch TokenWindows::heldout() {
+  TokenBatch b;
+  b.len = static_cast<int>(options_.context);
+  for (std::int64_t i = rank_; i < heldout_total_; i += world_size_) append_window(data::Split::heldout, i, b);
+  return b;
+}
+
+nlohmann::json TokenWindows::position(std::int64_t steps) const {
+  return {{"step", steps},
+          {"seed", seed_},
+          {"global_batch", global_batch_},
+          {"samples_consumed", steps * global_batch_},
+          {"data", source_->describe()}};
+}
+
+void TokenWindows::check_resume(const nlohmann::json& saved, std::int64_t step) const {
+  const std::int64_t batch = saved.value("global_batch", global_batch_);
+  const std::int64_t seed = saved.value("seed", seed_);
+  if (batch == global_batch_ && seed == seed_) return;
+  log::warn(
+      "resume: the checkpoint was trained with seed {} and global batch {}, this job has seed {} and batch {}: the "
+      "data stream after step {} differs from the original run's",
+      seed, batch, seed_, global_batch_, step);
+}
+
+}  // namespace zero3::train
