@@ -1,11 +1,27 @@
 #!/usr/bin/env bash
-# Formatting check (fast, run by CI) and, with --tidy, clang-tidy over the project's sources using the
-# default preset's compile_commands.json (slow: minutes on two cores).
+# Formatting check (fast, run by CI); --function-size: no function of the library (runtime/, offload/,
+# kernels/) over 120 lines, clang-tidy's readability-function-size alone (CI; a few minutes on two cores);
+# --tidy: every clang-tidy check of .clang-tidy over the project's sources (slow). Both use the default
+# preset's compile_commands.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mapfile -t sources < <(git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh')
 clang-format --dry-run -Werror "${sources[@]}"
 echo "lint: clang-format clean (${#sources[@]} files)"
+if [ "${1:-}" = "--function-size" ]; then
+  [ -f build/compile_commands.json ] || cmake --preset default >/dev/null
+  mapfile -t units < <(git ls-files 'runtime/*.cpp' 'offload/*.cpp' 'kernels/*.cpp')
+  config='{Checks: "-*,readability-function-size", CheckOptions: [{key: readability-function-size.LineThreshold, value: 120}]}'
+  jobs=$(nproc)
+  out=$(printf '%s\n' "${units[@]}" | xargs -P "$jobs" -n 4 clang-tidy -p build --quiet --config="$config" \
+    --extra-arg=-Wno-unknown-warning-option 2>/dev/null | grep -E "warning:|error:" || true)
+  if [ -n "$out" ]; then
+    echo "$out"
+    echo "lint: functions over 120 lines in the library (split them)"
+    exit 1
+  fi
+  echo "lint: no library function over 120 lines (${#units[@]} translation units)"
+fi
 if [ "${1:-}" = "--tidy" ]; then
   [ -f build/compile_commands.json ] || cmake --preset default >/dev/null
   mapfile -t units < <(git ls-files '*.cpp' | grep -v '^tests/')
