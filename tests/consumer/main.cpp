@@ -1,6 +1,7 @@
 // An out-of-tree program built against an installed zero3 (find_package + zero3::runtime): a host
-// device, buffers, the cast / scale / sum-of-squares kernels checked against float64 references, and the
-// config parser on valid and invalid text. Exits non-zero on any mismatch, naming it.
+// device, buffers, the cast / scale / sum-of-squares kernels checked against float64 references, the
+// config parser on valid and invalid text, one engine step, and a model of its own trained with the
+// library's loop (train_bigram.cpp). Exits non-zero on any mismatch, naming it.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "consumer_checks.hpp"
 #include "zero3/ckpt/checkpoint.hpp"
 #include "zero3/ckpt/checkpointer.hpp"
 #include "zero3/config/parse.hpp"
@@ -21,7 +23,7 @@
 namespace {
 
 int g_failures = 0;
-void expect(bool ok, const std::string& what);
+using consumer::expect;
 
 // The checkpoint libraries come with zero3::runtime: a tag check and the Checkpointer's type.
 void check_checkpoint_api() {
@@ -34,13 +36,6 @@ void check_checkpoint_api() {
   zero3::ckpt::check_tag("global_step100");
   expect(refused, "ckpt::check_tag refuses the tag 'latest'");
   expect(zero3::ckpt::CheckpointerOptions{}.staging_bytes > 0, "Checkpointer options");
-}
-
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "consumer: FAIL %s\n", what.c_str());
-    ++g_failures;
-  }
 }
 
 // fp32 -> bf16 on the host device's stream, bit-compared with the header's reference conversion; then
@@ -174,12 +169,24 @@ void check_engine() {
 
 }  // namespace
 
+void consumer::expect(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "consumer: FAIL %s\n", what.c_str());
+    ++g_failures;
+  }
+}
+
 int main() {
   try {
+    // One MPI bootstrap for the whole process: MPI cannot be initialized again once the last one is gone.
+    zero3::comm::World world;
+    world.source = "consumer";
+    const std::shared_ptr<zero3::comm::Bootstrap> bootstrap = zero3::comm::make_mpi_bootstrap(world);
     check_kernels();
     check_config();
     check_engine();
     check_checkpoint_api();
+    consumer::check_train_loop(bootstrap);
   } catch (const std::exception& e) {
     expect(false, std::string("exception: ") + e.what());
   }
