@@ -74,8 +74,8 @@ std::string_view simd_path_name(SimdPath path) {
 
 bool simd_path_supported(SimdPath path) {
   // Fixed for the life of the process: computed once.
-  static const bool avx2 = detail::avx2_path::compiled_in() && cpu_has_avx2();
-  static const bool avx512 = detail::avx512_path::compiled_in() && cpu_has_avx512();
+  static const bool avx2 = detail::kAvx2Kernels.compiled_in && cpu_has_avx2();
+  static const bool avx512 = detail::kAvx512Kernels.compiled_in && cpu_has_avx512();
   switch (path) {
     case SimdPath::scalar:
       return true;

@@ -1,5 +1,6 @@
-// The range functions of cpu_optimizer.hpp: arguments checked once here, coefficients computed once per
-// call (optim_coeffs.hpp, as the device kernels do), then the chosen path runs over the whole span.
+// The range functions of cpu_optimizer.hpp: the path's kernel table looked up (kernels_for) and the
+// arguments checked once here, coefficients computed once per call (optim_coeffs.hpp, as the device
+// kernels do), then the table's kernel runs over the whole span.
 // GradStats' lanes are folded here, in one place, so every path sums them in the same order.
 #include "zero3/offload/cpu_optimizer.hpp"
 
@@ -31,14 +32,27 @@ namespace {
 
 using detail::StatLanes;
 
-void check_path(std::string_view op, SimdPath path) {
-  if (path != SimdPath::scalar && path != SimdPath::avx2 && path != SimdPath::avx512) {
-    throw UsageError(fmt::format("{}: unknown SIMD path {}", op, static_cast<int>(path)));
+// The one place a SimdPath becomes code: its table (cpu_optimizer_paths.hpp), once `path` is known to be
+// a path that this CPU and build support.
+const detail::CpuOptimizerKernels& kernels_for(std::string_view op, SimdPath path) {
+  const detail::CpuOptimizerKernels* k = nullptr;
+  switch (path) {
+    case SimdPath::scalar:
+      k = &detail::kScalarKernels;
+      break;
+    case SimdPath::avx2:
+      k = &detail::kAvx2Kernels;
+      break;
+    case SimdPath::avx512:
+      k = &detail::kAvx512Kernels;
+      break;
   }
+  if (k == nullptr) throw UsageError(fmt::format("{}: unknown SIMD path {}", op, static_cast<int>(path)));
   if (!simd_path_supported(path)) {
     throw UsageError(fmt::format("{}: SIMD path {} is not supported by this CPU or build (use best_simd_path())", op,
                                  simd_path_name(path)));
   }
+  return *k;
 }
 
 void check_dtype(std::string_view op, std::string_view what, DType t) {
@@ -80,89 +94,44 @@ GradStats fold(const StatLanes& l) {
 }  // namespace
 
 void adam_range(SimdPath path, const kernels::AdamArgs& args, const StepSpan& span) {
-  check_path("adam_range", path);
+  const detail::CpuOptimizerKernels& k = kernels_for("adam_range", path);
   if (span.count == 0) return;
   check_span("adam_range", span, true, true);
-  const detail::AdamCoeffs c = kernels::detail::adam_coeffs(args);
-  switch (path) {
-    case SimdPath::scalar:
-      return detail::scalar_path::adam(c, span);
-    case SimdPath::avx2:
-      return detail::avx2_path::adam(c, span);
-    case SimdPath::avx512:
-      return detail::avx512_path::adam(c, span);
-  }
+  k.adam(kernels::detail::adam_coeffs(args), span);
 }
 
 void lion_range(SimdPath path, const kernels::LionArgs& args, const StepSpan& span) {
-  check_path("lion_range", path);
+  const detail::CpuOptimizerKernels& k = kernels_for("lion_range", path);
   if (span.count == 0) return;
   check_span("lion_range", span, true, false);
-  const detail::LionCoeffs c = kernels::detail::lion_coeffs(args);
-  switch (path) {
-    case SimdPath::scalar:
-      return detail::scalar_path::lion(c, span);
-    case SimdPath::avx2:
-      return detail::avx2_path::lion(c, span);
-    case SimdPath::avx512:
-      return detail::avx512_path::lion(c, span);
-  }
+  k.lion(kernels::detail::lion_coeffs(args), span);
 }
 
 void adagrad_range(SimdPath path, const kernels::AdagradArgs& args, const StepSpan& span) {
-  check_path("adagrad_range", path);
+  const detail::CpuOptimizerKernels& k = kernels_for("adagrad_range", path);
   if (span.count == 0) return;
   check_span("adagrad_range", span, false, true);
-  const detail::AdagradCoeffs c = kernels::detail::adagrad_coeffs(args);
-  switch (path) {
-    case SimdPath::scalar:
-      return detail::scalar_path::adagrad(c, span);
-    case SimdPath::avx2:
-      return detail::avx2_path::adagrad(c, span);
-    case SimdPath::avx512:
-      return detail::avx512_path::adagrad(c, span);
-  }
+  k.adagrad(kernels::detail::adagrad_coeffs(args), span);
 }
 
 GradStats accumulate_range(SimdPath path, float* acc, const void* src, DType src_dtype, float alpha, std::size_t count,
                            bool want_stats) {
-  check_path("accumulate_range", path);
+  const detail::CpuOptimizerKernels& k = kernels_for("accumulate_range", path);
   check_dtype("accumulate_range", "src", src_dtype);
   if (count == 0) return {};
   check_ptr("accumulate_range", "acc", acc);
   check_ptr("accumulate_range", "src", src);
   StatLanes lanes;
-  StatLanes* lp = want_stats ? &lanes : nullptr;
-  switch (path) {
-    case SimdPath::scalar:
-      detail::scalar_path::accumulate(acc, src, src_dtype, alpha, count, lp);
-      break;
-    case SimdPath::avx2:
-      detail::avx2_path::accumulate(acc, src, src_dtype, alpha, count, lp);
-      break;
-    case SimdPath::avx512:
-      detail::avx512_path::accumulate(acc, src, src_dtype, alpha, count, lp);
-      break;
-  }
+  k.accumulate(acc, src, src_dtype, alpha, count, want_stats ? &lanes : nullptr);
   return want_stats ? fold(lanes) : GradStats{};
 }
 
 GradStats grad_stats_range(SimdPath path, const float* acc, std::size_t count) {
-  check_path("grad_stats_range", path);
+  const detail::CpuOptimizerKernels& k = kernels_for("grad_stats_range", path);
   if (count == 0) return {};
   check_ptr("grad_stats_range", "acc", acc);
   StatLanes lanes;
-  switch (path) {
-    case SimdPath::scalar:
-      detail::scalar_path::grad_stats(acc, count, lanes);
-      break;
-    case SimdPath::avx2:
-      detail::avx2_path::grad_stats(acc, count, lanes);
-      break;
-    case SimdPath::avx512:
-      detail::avx512_path::grad_stats(acc, count, lanes);
-      break;
-  }
+  k.grad_stats(acc, count, lanes);
   return fold(lanes);
 }
 

@@ -11,7 +11,7 @@
 #define ZERO3_OFFLOAD_AVX2 0
 #endif
 
-namespace zero3::offload::detail::avx2_path {
+namespace zero3::offload::detail {
 
 #if ZERO3_OFFLOAD_AVX2
 namespace {
@@ -102,46 +102,26 @@ struct Avx2 {
 
 }  // namespace
 
-void adam(const AdamCoeffs& c, const StepSpan& s) {
-  simd::adam<Avx2>(c, s);
-}
-void lion(const LionCoeffs& c, const StepSpan& s) {
-  simd::lion<Avx2>(c, s);
-}
-void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
-  simd::adagrad<Avx2>(c, s);
-}
-void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes) {
-  simd::accumulate<Avx2>(acc, src, src_dtype, alpha, count, lanes);
-}
-void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
-  simd::grad_stats<Avx2>(acc, count, lanes);
-}
-bool compiled_in() {
-  return true;
-}
+constinit const CpuOptimizerKernels kAvx2Kernels = {
+    .adam = &simd::adam<Avx2>,
+    .lion = &simd::lion<Avx2>,
+    .adagrad = &simd::adagrad<Avx2>,
+    .accumulate = &simd::accumulate<Avx2>,
+    .grad_stats = &simd::grad_stats<Avx2>,
+    .compiled_in = true,
+};
 
-#else  // not built for AVX2: never selected (compiled_in is false); the scalar path stands in.
+#else  // not built for AVX2: no kernels, never selected (simd_path_supported is false).
 
-void adam(const AdamCoeffs& c, const StepSpan& s) {
-  scalar_path::adam(c, s);
-}
-void lion(const LionCoeffs& c, const StepSpan& s) {
-  scalar_path::lion(c, s);
-}
-void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
-  scalar_path::adagrad(c, s);
-}
-void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes) {
-  scalar_path::accumulate(acc, src, src_dtype, alpha, count, lanes);
-}
-void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
-  scalar_path::grad_stats(acc, count, lanes);
-}
-bool compiled_in() {
-  return false;
-}
+constinit const CpuOptimizerKernels kAvx2Kernels = {
+    .adam = nullptr,
+    .lion = nullptr,
+    .adagrad = nullptr,
+    .accumulate = nullptr,
+    .grad_stats = nullptr,
+    .compiled_in = false,
+};
 
 #endif
 
-}  // namespace zero3::offload::detail::avx2_path
+}  // namespace zero3::offload::detail

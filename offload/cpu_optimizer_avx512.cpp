@@ -16,7 +16,7 @@
 #define ZERO3_OFFLOAD_AVX512 0
 #endif
 
-namespace zero3::offload::detail::avx512_path {
+namespace zero3::offload::detail {
 
 #if ZERO3_OFFLOAD_AVX512
 namespace {
@@ -104,46 +104,26 @@ struct Avx512 {
 
 }  // namespace
 
-void adam(const AdamCoeffs& c, const StepSpan& s) {
-  simd::adam<Avx512>(c, s);
-}
-void lion(const LionCoeffs& c, const StepSpan& s) {
-  simd::lion<Avx512>(c, s);
-}
-void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
-  simd::adagrad<Avx512>(c, s);
-}
-void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes) {
-  simd::accumulate<Avx512>(acc, src, src_dtype, alpha, count, lanes);
-}
-void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
-  simd::grad_stats<Avx512>(acc, count, lanes);
-}
-bool compiled_in() {
-  return true;
-}
+constinit const CpuOptimizerKernels kAvx512Kernels = {
+    .adam = &simd::adam<Avx512>,
+    .lion = &simd::lion<Avx512>,
+    .adagrad = &simd::adagrad<Avx512>,
+    .accumulate = &simd::accumulate<Avx512>,
+    .grad_stats = &simd::grad_stats<Avx512>,
+    .compiled_in = true,
+};
 
-#else  // not built for AVX-512: never selected (compiled_in is false); the scalar path stands in.
+#else  // not built for AVX-512: no kernels, never selected (simd_path_supported is false).
 
-void adam(const AdamCoeffs& c, const StepSpan& s) {
-  scalar_path::adam(c, s);
-}
-void lion(const LionCoeffs& c, const StepSpan& s) {
-  scalar_path::lion(c, s);
-}
-void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
-  scalar_path::adagrad(c, s);
-}
-void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes) {
-  scalar_path::accumulate(acc, src, src_dtype, alpha, count, lanes);
-}
-void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
-  scalar_path::grad_stats(acc, count, lanes);
-}
-bool compiled_in() {
-  return false;
-}
+constinit const CpuOptimizerKernels kAvx512Kernels = {
+    .adam = nullptr,
+    .lion = nullptr,
+    .adagrad = nullptr,
+    .accumulate = nullptr,
+    .grad_stats = nullptr,
+    .compiled_in = false,
+};
 
 #endif
 
-}  // namespace zero3::offload::detail::avx512_path
+}  // namespace zero3::offload::detail

@@ -1,9 +1,10 @@
 // The three implementations behind cpu_optimizer.hpp's range functions (private to offload/): scalar,
-// AVX2 and AVX-512, each in its own file compiled with its own -m flags. The dispatcher
-// (cpu_optimizer.cpp) checks the arguments and turns the argument structs into optim_coeffs.hpp's
-// coefficients, so the paths trust their inputs. A SIMD path runs whole vectors and hands the remaining
-// elements to the scalar path, whose code is the only one that calls optim_math.hpp's inline functions:
-// an inline function compiled in an AVX-512 file could otherwise be the copy the linker keeps.
+// AVX2 and AVX-512, each in its own file compiled with its own -m flags, each exporting one table of
+// kernels (CpuOptimizerKernels below). The dispatcher (cpu_optimizer.cpp) checks the arguments, looks up
+// the path's table once per call and turns the argument structs into optim_coeffs.hpp's coefficients, so
+// the kernels trust their inputs. A SIMD path runs whole vectors and hands the remaining elements to the
+// scalar table's kernels, whose file is the only one that calls optim_math.hpp's inline functions: an
+// inline function compiled in an AVX-512 file could otherwise be the copy the linker keeps.
 #pragma once
 
 #include <cstddef>
@@ -29,33 +30,24 @@ struct StatLanes {
   double lane[kStatLanes] = {};
 };
 
-// Per path: the fused steps over a whole span, and accumulate / stats over [0, count). `lanes` (may be
-// null in accumulate: no statistics) is continued, not reset, so a SIMD path can hand the scalar path its
-// tail starting at a multiple of 16 elements.
-namespace scalar_path {
-void adam(const AdamCoeffs& c, const StepSpan& span);
-void lion(const LionCoeffs& c, const StepSpan& span);
-void adagrad(const AdagradCoeffs& c, const StepSpan& span);
-void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes);
-void grad_stats(const float* acc, std::size_t count, StatLanes& lanes);
-bool compiled_in();  // built with this path's instructions (x86-64); the scalar path always is
-}  // namespace scalar_path
-namespace avx2_path {
-void adam(const AdamCoeffs& c, const StepSpan& span);
-void lion(const LionCoeffs& c, const StepSpan& span);
-void adagrad(const AdagradCoeffs& c, const StepSpan& span);
-void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes);
-void grad_stats(const float* acc, std::size_t count, StatLanes& lanes);
-bool compiled_in();  // built with this path's instructions (x86-64); the scalar path always is
-}  // namespace avx2_path
-namespace avx512_path {
-void adam(const AdamCoeffs& c, const StepSpan& span);
-void lion(const LionCoeffs& c, const StepSpan& span);
-void adagrad(const AdagradCoeffs& c, const StepSpan& span);
-void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes);
-void grad_stats(const float* acc, std::size_t count, StatLanes& lanes);
-bool compiled_in();  // built with this path's instructions (x86-64); the scalar path always is
-}  // namespace avx512_path
+// One path's kernels: the fused steps over a whole span, and accumulate / stats over [0, count). `lanes`
+// (may be null in accumulate: no statistics) is continued, not reset, so a SIMD path can hand the scalar
+// path its tail starting at a multiple of 16 elements.
+struct CpuOptimizerKernels {
+  void (*adam)(const AdamCoeffs& c, const StepSpan& span);
+  void (*lion)(const LionCoeffs& c, const StepSpan& span);
+  void (*adagrad)(const AdagradCoeffs& c, const StepSpan& span);
+  void (*accumulate)(float* acc, const void* src, DType src_dtype, float alpha, std::size_t count, StatLanes* lanes);
+  void (*grad_stats)(const float* acc, std::size_t count, StatLanes& lanes);
+  // Built with this path's instructions (x86-64); the scalar path always is. A table that is not has null
+  // kernels: simd_path_supported() is false for its path, so the dispatcher never returns it.
+  bool compiled_in;
+};
+
+// One table per path, each defined in its path's file (constant-initialized: usable at any time).
+extern constinit const CpuOptimizerKernels kScalarKernels;  // cpu_optimizer_scalar.cpp
+extern constinit const CpuOptimizerKernels kAvx2Kernels;    // cpu_optimizer_avx2.cpp
+extern constinit const CpuOptimizerKernels kAvx512Kernels;  // cpu_optimizer_avx512.cpp
 
 // The span's elements [offset, count), for handing a tail to the scalar path. Out of line, in
 // cpu_optimizer.cpp (no -m flags), like everything the SIMD files share.
@@ -211,7 +203,7 @@ std::size_t grad_stats_loop(const float* acc, std::size_t n, StatLanes& lanes) {
   return i;
 }
 
-// The path entry points: whole vectors here, the tail on the scalar path.
+// The path's kernels (its table's entries): whole vectors here, the tail on the scalar path.
 template <typename V>
 void adam(const AdamCoeffs& c, const StepSpan& s) {
   std::size_t done = 0;
@@ -224,7 +216,7 @@ void adam(const AdamCoeffs& c, const StepSpan& s) {
       done = adam_loop<V, false, false>(c, s.master, s.exp_avg, s.exp_avg_sq, g, out, s.count);
     }
   });
-  if (done < s.count) scalar_path::adam(c, span_tail(s, done));
+  if (done < s.count) kScalarKernels.adam(c, span_tail(s, done));
 }
 
 template <typename V>
@@ -237,7 +229,7 @@ void lion(const LionCoeffs& c, const StepSpan& s) {
       done = lion_loop<V, false>(c, s.master, s.exp_avg, g, out, s.count);
     }
   });
-  if (done < s.count) scalar_path::lion(c, span_tail(s, done));
+  if (done < s.count) kScalarKernels.lion(c, span_tail(s, done));
 }
 
 template <typename V>
@@ -250,7 +242,7 @@ void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
       done = adagrad_loop<V, false>(c, s.master, s.exp_avg_sq, g, out, s.count);
     }
   });
-  if (done < s.count) scalar_path::adagrad(c, span_tail(s, done));
+  if (done < s.count) kScalarKernels.adagrad(c, span_tail(s, done));
 }
 
 template <typename V>
@@ -258,7 +250,7 @@ void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::
   auto run = [&](const auto* x) {
     const std::size_t done = lanes != nullptr ? accumulate_loop<V, true>(acc, x, alpha, count, lanes)
                                               : accumulate_loop<V, false>(acc, x, alpha, count, lanes);
-    if (done < count) scalar_path::accumulate(acc + done, x + done, src_dtype, alpha, count - done, lanes);
+    if (done < count) kScalarKernels.accumulate(acc + done, x + done, src_dtype, alpha, count - done, lanes);
   };
   if (src_dtype == DType::f32) {
     run(static_cast<const float*>(src));
@@ -272,7 +264,7 @@ void accumulate(float* acc, const void* src, DType src_dtype, float alpha, std::
 template <typename V>
 void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
   const std::size_t done = grad_stats_loop<V>(acc, count, lanes);
-  if (done < count) scalar_path::grad_stats(acc + done, count - done, lanes);
+  if (done < count) kScalarKernels.grad_stats(acc + done, count - done, lanes);
 }
 
 }  // namespace simd

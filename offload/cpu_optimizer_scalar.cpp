@@ -1,12 +1,12 @@
 // The scalar path: plain loops over optim_math.hpp's element functions and dtype.hpp's conversions, the
 // same calls as the host device's kernels (kernels/host/optim_host.cpp), so its results are theirs bit
-// for bit. It is also the reference the SIMD paths are tested against, and it runs their tails.
+// for bit. It is also the reference the SIMD paths are tested against, and its table runs their tails.
 #include <cstdint>
 #include <type_traits>
 
 #include "cpu_optimizer_paths.hpp"
 
-namespace zero3::offload::detail::scalar_path {
+namespace zero3::offload::detail {
 namespace {
 
 struct NoParam {};
@@ -64,8 +64,6 @@ inline double square(float x) {
   const double d = x;
   return d * d;
 }
-
-}  // namespace
 
 void adam(const AdamCoeffs& c, const StepSpan& s) {
   with_step_types(s, [&](const auto* g, auto* out) {
@@ -129,8 +127,15 @@ void grad_stats(const float* acc, std::size_t count, StatLanes& lanes) {
   for (std::size_t i = 0; i < count; ++i) lanes.lane[i % kStatLanes] += square(acc[i]);
 }
 
-bool compiled_in() {
-  return true;
-}
+}  // namespace
 
-}  // namespace zero3::offload::detail::scalar_path
+constinit const CpuOptimizerKernels kScalarKernels = {
+    .adam = &adam,
+    .lion = &lion,
+    .adagrad = &adagrad,
+    .accumulate = &accumulate,
+    .grad_stats = &grad_stats,
+    .compiled_in = true,
+};
+
+}  // namespace zero3::offload::detail

@@ -1,9 +1,13 @@
-// The CPU optimizer of offload/: every SIMD path against the scalar path, and the scalar path against the
-// host device's fused kernels, bit for bit (master, states and the low-precision param), on fresh random
-// inputs of odd sizes with Inf, NaN, huge and subnormal values mixed in and poisoned outputs. Then the
-// 16-bit conversions over wide sweeps of bit patterns, GradStats against a long double reference,
-// CpuThreadPool's tiles and CPU binding, and the ZERO3_CPU_SIMD override. Paths this CPU lacks are
-// skipped with a warning. Rerun a failure with --rng-seed <printed seed>.
+// The CPU optimizer of offload/: the scalar path against the host device's fused kernels and a SIMD path
+// against the scalar path, bit for bit (master, states and the low-precision param), on fresh random inputs
+// of odd sizes with Inf, NaN, huge and subnormal values mixed in and poisoned outputs. Then the 16-bit
+// conversions over wide sweeps of bit patterns, GradStats against a long double reference, CpuThreadPool's
+// tiles and CPU binding, and the ZERO3_CPU_SIMD override. The test cases tagged [simd] compare the path
+// named by --simd-path (avx2 or avx512) with the scalar path and fail without the option; the program exits
+// 77 (ctest: Skipped) when this CPU or build lacks that path, or ZERO3_CPU_SIMD names a narrower one.
+// offload_cpu.tests.cmake runs "~[simd]" as unit.cpu_optimizer and "[simd]" as unit.cpu_optimizer.<path>.
+// Rerun a failure with --rng-seed <printed seed>.
+#define CATCH_CONFIG_RUNNER
 #include <sched.h>
 
 #include <algorithm>
@@ -11,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -40,26 +45,6 @@ using Bytes = std::vector<std::uint8_t>;
 
 constexpr DType kAllDTypes[] = {DType::f32, DType::bf16, DType::f16};
 constexpr std::size_t kSizes[] = {1, 7, 15, 17, 31, 33, 1000, 4099, 100003};
-
-// The SIMD paths this CPU runs; the others are reported once per test case, visibly.
-std::vector<SimdPath> simd_paths() {
-  std::vector<SimdPath> out;
-  for (SimdPath p : {SimdPath::avx2, SimdPath::avx512}) {
-    if (offload::simd_path_supported(p)) {
-      out.push_back(p);
-    } else {
-      WARN("SIMD path " << offload::simd_path_name(p) << " is not supported by this CPU: skipped");
-      SUCCEED("skipped SIMD path " << offload::simd_path_name(p));
-    }
-  }
-  return out;
-}
-
-std::mt19937_64 make_rng() {
-  const std::uint64_t seed = zero3::test::test_seed();
-  INFO("seed " << seed);
-  return std::mt19937_64(seed);
-}
 
 std::uint32_t f32_bits(float f) {
   return zero3::float_bits(f);
@@ -369,12 +354,22 @@ std::string dtype_label(std::optional<DType> t) {
   return t ? std::string(zero3::dtype_name(*t)) : "none";
 }
 
-}  // namespace
+// The SIMD path of the [simd] test cases, set by main from --simd-path.
+std::optional<SimdPath> g_simd_path;
 
-TEST_CASE("cpu optimizer: every SIMD path and the host kernels equal the scalar path bit for bit", "[offload]") {
-  std::mt19937_64 rng = make_rng();
-  const std::vector<SimdPath> paths = simd_paths();
-  HostRig host;
+SimdPath simd_path_under_test() {
+  INFO("the [simd] test cases compare one SIMD path with the scalar path: run with --simd-path avx2 or avx512");
+  REQUIRE(g_simd_path.has_value());
+  return *g_simd_path;
+}
+
+// Every optimizer variant, grad dtype, param dtype (or none) and size, on fresh random inputs:
+// fn(case, input, want), want being the scalar path's result.
+template <typename Fn>
+void for_each_step_case(const Fn& fn) {
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
   const std::optional<DType> param_dtypes[] = {std::nullopt, DType::f32, DType::bf16, DType::f16};
   for (const OptCase& c : optimizer_cases()) {
     for (DType gt : kAllDTypes) {
@@ -384,55 +379,44 @@ TEST_CASE("cpu optimizer: every SIMD path and the host kernels equal the scalar 
           const StepData input = random_step(rng, c.opt, n, gt, pt);
           StepData want = input;
           run_path(SimdPath::scalar, c, want);
-          {
-            INFO("host device kernels vs scalar path");
-            StepData got = input;
-            host.run(c, got);
-            check_same_step(got, want);
-          }
-          for (SimdPath path : paths) {
-            INFO("path " << offload::simd_path_name(path) << " vs scalar path");
-            StepData got = input;
-            run_path(path, c, got);
-            check_same_step(got, want);
-          }
+          fn(c, input, want);
         }
       }
     }
   }
 }
 
-TEST_CASE("cpu optimizer: where NaNs of two sources meet, every path still gives NaN", "[offload]") {
-  std::mt19937_64 rng = make_rng();
-  const std::vector<SimdPath> paths = simd_paths();
-  HostRig host;
+// Every optimizer variant and param dtype, with NaNs of two sources meeting (random_step's nan_meets_nan):
+// fn(case, input, want), want being the scalar path's result.
+template <typename Fn>
+void for_each_nan_case(const Fn& fn) {
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
   for (const OptCase& c : optimizer_cases()) {
     for (DType pt : kAllDTypes) {
       INFO(c.name << ", param " << zero3::dtype_name(pt));
       const StepData input = random_step(rng, c.opt, 4099, DType::f32, pt, true);
       StepData want = input;
       run_path(SimdPath::scalar, c, want);
-      std::vector<StepData> gots;
-      gots.push_back(input);
-      host.run(c, gots.back());
-      for (SimdPath path : paths) {
-        gots.push_back(input);
-        run_path(path, c, gots.back());
-      }
-      for (const StepData& got : gots) {
-        check_same_or_both_nan("master", got.master.data(), want.master.data(), got.count, DType::f32);
-        check_same_or_both_nan("exp_avg", got.exp_avg.data(), want.exp_avg.data(), got.exp_avg.size(), DType::f32);
-        check_same_or_both_nan("exp_avg_sq", got.exp_avg_sq.data(), want.exp_avg_sq.data(), got.exp_avg_sq.size(),
-                               DType::f32);
-        check_same_or_both_nan("param", got.param.data(), want.param.data(), got.count, pt);
-      }
+      fn(c, input, want);
     }
   }
 }
 
-TEST_CASE("cpu optimizer: Lion's sign of +-0, NaN and Inf directions is the same on every path", "[offload]") {
-  // sign(+-0) = +0 is only visible on a -0 weight (-0 - 0 = -0, -0 - (-0) = +0), so every combination of
-  // signed zeros, units, Inf and NaN in p, m and g, twice over, in a vector-unaligned count.
+void check_same_or_both_nan_step(const StepData& got, const StepData& want) {
+  check_same_or_both_nan("master", got.master.data(), want.master.data(), got.count, DType::f32);
+  check_same_or_both_nan("exp_avg", got.exp_avg.data(), want.exp_avg.data(), got.exp_avg.size(), DType::f32);
+  check_same_or_both_nan("exp_avg_sq", got.exp_avg_sq.data(), want.exp_avg_sq.data(), got.exp_avg_sq.size(),
+                         DType::f32);
+  check_same_or_both_nan("param", got.param.data(), want.param.data(), got.count, *got.param_dtype);
+}
+
+// Lion's sign(+-0) = +0 is only visible on a -0 weight (-0 - 0 = -0, -0 - (-0) = +0), so every combination
+// of signed zeros, units, Inf and NaN in p, m and g, twice over, in a vector-unaligned count; with and
+// without weight decay: fn(case, input, want), want being the scalar path's result.
+template <typename Fn>
+void for_each_lion_sign_case(const Fn& fn) {
   const float ps[] = {0.0f, -0.0f, 1.0f, -1.0f, NAN, INFINITY};
   const float ms[] = {0.0f, -0.0f, 1.0f, -1.0f, NAN};
   const float gs[] = {0.0f, -0.0f, 2.0f, -2.0f, NAN, -INFINITY};
@@ -459,28 +443,21 @@ TEST_CASE("cpu optimizer: Lion's sign of +-0, NaN and Inf directions is the same
   in.grad = to_bytes(grad);
   in.param_dtype = DType::f16;
   in.param.assign(2 * in.count, 0xff);
-  HostRig host;
   for (float wd : {0.0f, 0.5f}) {
     OptCase c{Opt::lion, {}, {}, {}, "lion"};
     c.lion.weight_decay = wd;
     INFO("weight decay " << wd);
     StepData want = in;
     run_path(SimdPath::scalar, c, want);
-    StepData h = in;
-    host.run(c, h);
-    check_same_step(h, want);
-    for (SimdPath path : simd_paths()) {
-      INFO("path " << offload::simd_path_name(path));
-      StepData got = in;
-      run_path(path, c, got);
-      check_same_step(got, want);
-    }
+    fn(c, in, want);
   }
 }
 
-TEST_CASE("cpu optimizer: fp32 to bf16/fp16 over a sweep of bit patterns equals dtype.hpp", "[offload]") {
-  // Lion with lr = 0 and a positive direction leaves every master as it is (p - 0 * 1; an sNaN is
-  // quieted), so the param copy is the conversion of the sweep itself.
+// The fp32-to-16-bit conversion of `path` against dtype.hpp's, for bf16 and fp16 params, over a stride-4099
+// sweep of all fp32 bit patterns plus dense windows at the format edges. Lion with lr = 0 and a positive
+// direction leaves every master as it is (p - 0 * 1; an sNaN is quieted), so the param copy is the
+// conversion of the sweep itself.
+void check_param_conversion(SimdPath path) {
   std::vector<float> master;
   for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 4099)
     master.push_back(bits_f32(static_cast<std::uint32_t>(u)));
@@ -496,48 +473,139 @@ TEST_CASE("cpu optimizer: fp32 to bf16/fp16 over a sweep of bit patterns equals 
   kernels::LionArgs args;
   args.lr = 0.0f;
   for (DType pt : {DType::bf16, DType::f16}) {
-    INFO("param " << zero3::dtype_name(pt));
-    std::vector<std::pair<SimdPath, Bytes>> outs;
-    std::vector<SimdPath> all = {SimdPath::scalar};
-    for (SimdPath p : simd_paths()) all.push_back(p);
-    for (SimdPath path : all) {
-      StepData d;
-      d.count = n;
-      d.master = master;
-      d.exp_avg.assign(n, 1.0f);
-      d.grad = to_bytes(std::vector<float>(n, 1.0f));
-      d.param_dtype = pt;
-      d.param.assign(n * 2, 0xff);
-      offload::lion_range(path, args, d.span());
-      std::size_t bad = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::uint16_t want =
-            pt == DType::bf16 ? zero3::float_to_bf16(d.master[i]).bits : zero3::float_to_fp16(d.master[i]).bits;
-        std::uint16_t got;
-        std::memcpy(&got, d.param.data() + 2 * i, 2);
-        if (got != want && ++bad <= 5) {
-          INFO("path " << offload::simd_path_name(path) << ": fp32 bits " << hex_bits(d.master.data(), 4, long(i))
-                       << " gave " << got << ", dtype.hpp gives " << want);
-          CHECK(false);
-        }
-        // The master itself is untouched (an sNaN only gains its quiet bit).
-        const std::uint32_t before = f32_bits(master[i]), after = f32_bits(d.master[i]);
-        if (!std::isnan(master[i]) && before != after && ++bad <= 5) {
-          INFO("master changed at " << i);
-          CHECK(false);
-        }
+    INFO("path " << offload::simd_path_name(path) << ", param " << zero3::dtype_name(pt));
+    StepData d;
+    d.count = n;
+    d.master = master;
+    d.exp_avg.assign(n, 1.0f);
+    d.grad = to_bytes(std::vector<float>(n, 1.0f));
+    d.param_dtype = pt;
+    d.param.assign(n * 2, 0xff);
+    offload::lion_range(path, args, d.span());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t want =
+          pt == DType::bf16 ? zero3::float_to_bf16(d.master[i]).bits : zero3::float_to_fp16(d.master[i]).bits;
+      std::uint16_t got;
+      std::memcpy(&got, d.param.data() + 2 * i, 2);
+      if (got != want && ++bad <= 5) {
+        INFO("fp32 bits " << hex_bits(d.master.data(), 4, long(i)) << " gave " << got << ", dtype.hpp gives " << want);
+        CHECK(false);
       }
-      CHECK(bad == 0);
+      // The master itself is untouched (an sNaN only gains its quiet bit).
+      const std::uint32_t before = f32_bits(master[i]), after = f32_bits(d.master[i]);
+      if (!std::isnan(master[i]) && before != after && ++bad <= 5) {
+        INFO("master changed at " << i);
+        CHECK(false);
+      }
+    }
+    CHECK(bad == 0);
+  }
+}
+
+// All 65536 patterns of a 16-bit type.
+std::vector<std::uint16_t> all_16bit_patterns() {
+  std::vector<std::uint16_t> src(65536);
+  for (std::uint32_t u = 0; u < 65536; ++u) src[u] = static_cast<std::uint16_t>(u);
+  return src;
+}
+
+// For every src dtype and size, random acc and src values (alpha 0.75): fn(rng, src dtype, n, acc0, src).
+template <typename Fn>
+void for_each_accumulate_case(const Fn& fn) {
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (DType st : kAllDTypes) {
+    for (std::size_t n : kSizes) {
+      INFO("src " << zero3::dtype_name(st) << ", n " << n);
+      const std::vector<float> acc0 = to_floats(random_values(rng, DType::f32, n, -12, 12, false, false));
+      const Bytes src = random_values(rng, st, n, -12, 12, false, false);
+      fn(rng, st, n, acc0, src);
     }
   }
 }
 
-TEST_CASE("cpu optimizer: every bf16/fp16 gradient bit pattern is read as dtype.hpp reads it", "[offload]") {
-  // accumulate into zeros with alpha = 1: acc = 0 + 1 * x. All 65536 patterns of each 16-bit type.
+constexpr float kAccumulateAlpha = 0.75f;
+constexpr float kNonFinite[] = {INFINITY, -INFINITY, NAN};
+
+}  // namespace
+
+TEST_CASE("cpu optimizer: the host device's kernels equal the scalar path bit for bit", "[offload]") {
+  HostRig host;
+  for_each_step_case([&](const OptCase& c, const StepData& input, const StepData& want) {
+    StepData got = input;
+    host.run(c, got);
+    check_same_step(got, want);
+  });
+}
+
+TEST_CASE("cpu optimizer: the SIMD path equals the scalar path bit for bit", "[offload][simd]") {
+  const SimdPath path = simd_path_under_test();
+  INFO("path " << offload::simd_path_name(path) << " vs scalar path");
+  for_each_step_case([&](const OptCase& c, const StepData& input, const StepData& want) {
+    StepData got = input;
+    run_path(path, c, got);
+    check_same_step(got, want);
+  });
+}
+
+TEST_CASE("cpu optimizer: where NaNs of two sources meet, the host kernels still give NaN", "[offload]") {
+  HostRig host;
+  for_each_nan_case([&](const OptCase& c, const StepData& input, const StepData& want) {
+    StepData got = input;
+    host.run(c, got);
+    check_same_or_both_nan_step(got, want);
+  });
+}
+
+TEST_CASE("cpu optimizer: where NaNs of two sources meet, the SIMD path still gives NaN", "[offload][simd]") {
+  const SimdPath path = simd_path_under_test();
+  INFO("path " << offload::simd_path_name(path));
+  for_each_nan_case([&](const OptCase& c, const StepData& input, const StepData& want) {
+    StepData got = input;
+    run_path(path, c, got);
+    check_same_or_both_nan_step(got, want);
+  });
+}
+
+TEST_CASE("cpu optimizer: Lion's sign of +-0, NaN and Inf directions: the host kernels equal the scalar path",
+          "[offload]") {
+  HostRig host;
+  for_each_lion_sign_case([&](const OptCase& c, const StepData& input, const StepData& want) {
+    StepData got = input;
+    host.run(c, got);
+    check_same_step(got, want);
+  });
+}
+
+TEST_CASE("cpu optimizer: Lion's sign of +-0, NaN and Inf directions: the SIMD path equals the scalar path",
+          "[offload][simd]") {
+  const SimdPath path = simd_path_under_test();
+  INFO("path " << offload::simd_path_name(path));
+  for_each_lion_sign_case([&](const OptCase& c, const StepData& input, const StepData& want) {
+    StepData got = input;
+    run_path(path, c, got);
+    check_same_step(got, want);
+  });
+}
+
+TEST_CASE("cpu optimizer: fp32 to bf16/fp16 over a sweep of bit patterns equals dtype.hpp on the scalar path",
+          "[offload]") {
+  check_param_conversion(SimdPath::scalar);
+}
+
+TEST_CASE("cpu optimizer: fp32 to bf16/fp16 over a sweep of bit patterns equals dtype.hpp on the SIMD path",
+          "[offload][simd]") {
+  check_param_conversion(simd_path_under_test());
+}
+
+TEST_CASE("cpu optimizer: every bf16/fp16 gradient bit pattern is read as dtype.hpp reads it on the scalar path",
+          "[offload]") {
+  // accumulate into zeros with alpha = 1: acc = 0 + 1 * x.
+  const std::vector<std::uint16_t> src = all_16bit_patterns();
   for (DType t : {DType::bf16, DType::f16}) {
     INFO("src " << zero3::dtype_name(t));
-    std::vector<std::uint16_t> src(65536);
-    for (std::uint32_t u = 0; u < 65536; ++u) src[u] = static_cast<std::uint16_t>(u);
     std::vector<float> want(65536, 0.0f);
     offload::accumulate_range(SimdPath::scalar, want.data(), src.data(), t, 1.0f, src.size(), false);
     for (std::uint32_t u = 0; u < 65536; ++u) {
@@ -548,74 +616,93 @@ TEST_CASE("cpu optimizer: every bf16/fp16 gradient bit pattern is read as dtype.
         CHECK(false);
       }
     }
-    for (SimdPath path : simd_paths()) {
-      INFO("path " << offload::simd_path_name(path));
-      std::vector<float> got(65536, 0.0f);
-      const GradStats s = offload::accumulate_range(path, got.data(), src.data(), t, 1.0f, src.size(), true);
-      check_same("acc", got.data(), want.data(), 4 * got.size(), 4);
-      CHECK(s.nonfinite);
-    }
   }
 }
 
-TEST_CASE("cpu optimizer: accumulate and grad stats are the same on every path, sum_sq near a long double sum",
-          "[offload]") {
-  std::mt19937_64 rng = make_rng();
-  const std::vector<SimdPath> paths = simd_paths();
-  for (DType st : kAllDTypes) {
-    for (std::size_t n : kSizes) {
-      INFO("src " << zero3::dtype_name(st) << ", n " << n);
-      const std::vector<float> acc0 = to_floats(random_values(rng, DType::f32, n, -12, 12, false, false));
-      const Bytes src = random_values(rng, st, n, -12, 12, false, false);
-      const float alpha = 0.75f;
+TEST_CASE("cpu optimizer: every bf16/fp16 gradient bit pattern is read as the scalar path reads it on the SIMD path",
+          "[offload][simd]") {
+  const SimdPath path = simd_path_under_test();
+  const std::vector<std::uint16_t> src = all_16bit_patterns();
+  for (DType t : {DType::bf16, DType::f16}) {
+    INFO("path " << offload::simd_path_name(path) << ", src " << zero3::dtype_name(t));
+    std::vector<float> want(65536, 0.0f);
+    offload::accumulate_range(SimdPath::scalar, want.data(), src.data(), t, 1.0f, src.size(), false);
+    std::vector<float> got(65536, 0.0f);
+    const GradStats s = offload::accumulate_range(path, got.data(), src.data(), t, 1.0f, src.size(), true);
+    check_same("acc", got.data(), want.data(), 4 * got.size(), 4);
+    CHECK(s.nonfinite);
+  }
+}
 
-      std::vector<float> want = acc0;
-      const GradStats want_stats =
-          offload::accumulate_range(SimdPath::scalar, want.data(), src.data(), st, alpha, n, true);
-      long double ref = 0;
-      for (float x : want) ref += static_cast<long double>(x) * x;
-      CHECK(!want_stats.nonfinite);
-      CHECK(std::fabs(static_cast<double>((want_stats.sum_sq - ref) / ref)) <= 1e-12);
-      const GradStats only = offload::grad_stats_range(SimdPath::scalar, want.data(), n);
-      CHECK(only.sum_sq == want_stats.sum_sq);
+TEST_CASE("cpu optimizer: accumulate and grad stats on the scalar path, sum_sq near a long double sum", "[offload]") {
+  for_each_accumulate_case([](std::mt19937_64& rng, DType st, std::size_t n, const std::vector<float>& acc0,
+                              const Bytes& src) {
+    std::vector<float> want = acc0;
+    const GradStats want_stats =
+        offload::accumulate_range(SimdPath::scalar, want.data(), src.data(), st, kAccumulateAlpha, n, true);
+    long double ref = 0;
+    for (float x : want) ref += static_cast<long double>(x) * x;
+    CHECK(!want_stats.nonfinite);
+    CHECK(std::fabs(static_cast<double>((want_stats.sum_sq - ref) / ref)) <= 1e-12);
+    const GradStats only = offload::grad_stats_range(SimdPath::scalar, want.data(), n);
+    CHECK(only.sum_sq == want_stats.sum_sq);
 
-      // Without stats, the same acc.
-      std::vector<float> plain = acc0;
-      const GradStats none = offload::accumulate_range(SimdPath::scalar, plain.data(), src.data(), st, alpha, n, false);
-      CHECK(none.sum_sq == 0.0);
-      check_same("acc without stats", plain.data(), want.data(), 4 * n, 4);
+    // Without stats, the same acc.
+    std::vector<float> plain = acc0;
+    const GradStats none =
+        offload::accumulate_range(SimdPath::scalar, plain.data(), src.data(), st, kAccumulateAlpha, n, false);
+    CHECK(none.sum_sq == 0.0);
+    check_same("acc without stats", plain.data(), want.data(), 4 * n, 4);
 
-      for (SimdPath path : paths) {
-        INFO("path " << offload::simd_path_name(path));
+    // One Inf or NaN anywhere is seen, in acc (grad_stats) and in src (accumulate).
+    const std::size_t at = rng() % n;
+    for (float bad : kNonFinite) {
+      std::vector<float> a = want;
+      a[at] = bad;
+      CHECK(offload::grad_stats_range(SimdPath::scalar, a.data(), n).nonfinite);
+      Bytes s2 = src;
+      zero3::store_from_float(s2.data(), st, at, bad);
+      std::vector<float> b = acc0;
+      CHECK(offload::accumulate_range(SimdPath::scalar, b.data(), s2.data(), st, kAccumulateAlpha, n, true).nonfinite);
+    }
+  });
+}
+
+TEST_CASE("cpu optimizer: accumulate and grad stats on the SIMD path equal the scalar path's bit for bit",
+          "[offload][simd]") {
+  const SimdPath path = simd_path_under_test();
+  INFO("path " << offload::simd_path_name(path));
+  for_each_accumulate_case(
+      [&](std::mt19937_64& rng, DType st, std::size_t n, const std::vector<float>& acc0, const Bytes& src) {
+        std::vector<float> want = acc0;
+        const GradStats want_stats =
+            offload::accumulate_range(SimdPath::scalar, want.data(), src.data(), st, kAccumulateAlpha, n, true);
+        const GradStats only = offload::grad_stats_range(SimdPath::scalar, want.data(), n);
+
         std::vector<float> got = acc0;
-        const GradStats s = offload::accumulate_range(path, got.data(), src.data(), st, alpha, n, true);
+        const GradStats s = offload::accumulate_range(path, got.data(), src.data(), st, kAccumulateAlpha, n, true);
         check_same("acc", got.data(), want.data(), 4 * n, 4);
         CHECK(std::memcmp(&s.sum_sq, &want_stats.sum_sq, sizeof(double)) == 0);
         CHECK(s.nonfinite == want_stats.nonfinite);
         const GradStats g = offload::grad_stats_range(path, want.data(), n);
         CHECK(std::memcmp(&g.sum_sq, &only.sum_sq, sizeof(double)) == 0);
         CHECK(!g.nonfinite);
-      }
 
-      // One Inf or NaN anywhere is seen by every path, in acc (grad_stats) and in src (accumulate).
-      const std::size_t at = rng() % n;
-      for (float bad : {INFINITY, -INFINITY, NAN}) {
-        std::vector<float> a = want;
-        a[at] = bad;
-        CHECK(offload::grad_stats_range(SimdPath::scalar, a.data(), n).nonfinite);
-        for (SimdPath path : paths) CHECK(offload::grad_stats_range(path, a.data(), n).nonfinite);
-        Bytes s2 = src;
-        zero3::store_from_float(s2.data(), st, at, bad);
-        std::vector<float> b = acc0;
-        CHECK(offload::accumulate_range(SimdPath::scalar, b.data(), s2.data(), st, alpha, n, true).nonfinite);
-        for (SimdPath path : paths) {
+        // One Inf or NaN anywhere is seen, in acc (grad_stats) and in src (accumulate), with the scalar acc.
+        const std::size_t at = rng() % n;
+        for (float bad : kNonFinite) {
+          std::vector<float> a = want;
+          a[at] = bad;
+          CHECK(offload::grad_stats_range(path, a.data(), n).nonfinite);
+          Bytes s2 = src;
+          zero3::store_from_float(s2.data(), st, at, bad);
+          std::vector<float> b = acc0;
+          offload::accumulate_range(SimdPath::scalar, b.data(), s2.data(), st, kAccumulateAlpha, n, true);
           std::vector<float> c = acc0;
-          CHECK(offload::accumulate_range(path, c.data(), s2.data(), st, alpha, n, true).nonfinite);
+          CHECK(offload::accumulate_range(path, c.data(), s2.data(), st, kAccumulateAlpha, n, true).nonfinite);
           check_same("acc with a non-finite src", c.data(), b.data(), 4 * n, 4);
         }
-      }
-    }
-  }
+      });
 }
 
 TEST_CASE("cpu optimizer: arguments are checked at the boundary", "[offload]") {
@@ -645,9 +732,15 @@ TEST_CASE("cpu optimizer: arguments are checked at the boundary", "[offload]") {
                   zero3::UsageError);
   CHECK_THROWS_AS(offload::grad_stats_range(path, nullptr, 8), zero3::UsageError);
   CHECK(offload::grad_stats_range(path, nullptr, 0).sum_sq == 0.0);
-  for (SimdPath p : {SimdPath::avx2, SimdPath::avx512}) {
-    if (!offload::simd_path_supported(p)) {
-      CHECK_THROWS_AS(offload::grad_stats_range(p, a.data(), 8), zero3::UsageError);
+  // A value outside the enum, and each path: usable exactly where supported.
+  CHECK_THROWS_WITH(offload::grad_stats_range(static_cast<SimdPath>(3), g.data(), 8),
+                    "grad_stats_range: unknown SIMD path 3");
+  for (SimdPath p : {SimdPath::scalar, SimdPath::avx2, SimdPath::avx512}) {
+    INFO("path " << offload::simd_path_name(p));
+    if (offload::simd_path_supported(p)) {
+      CHECK(offload::grad_stats_range(p, g.data(), 8).sum_sq == 8.0);  // g: eight 1s
+    } else {
+      CHECK_THROWS_WITH(offload::grad_stats_range(p, g.data(), 8), Catch::Contains("is not supported"));
     }
   }
 }
@@ -657,20 +750,26 @@ TEST_CASE("cpu optimizer: ZERO3_CPU_SIMD narrows the path; a bogus value is an E
   const std::string saved = old ? old : "";
   ::unsetenv("ZERO3_CPU_SIMD");
   const SimdPath widest = offload::best_simd_path();
-  CHECK(offload::simd_path_supported(widest));
   CHECK(offload::simd_path_supported(SimdPath::scalar));
-  if (offload::simd_path_supported(SimdPath::avx512)) CHECK(widest == SimdPath::avx512);
+  // Without the variable: the last supported path in scalar, avx2, avx512.
+  SimdPath want_widest = SimdPath::scalar;
+  for (SimdPath p : {SimdPath::avx2, SimdPath::avx512}) {
+    if (offload::simd_path_supported(p)) want_widest = p;
+  }
+  CHECK(widest == want_widest);
   CHECK(offload::simd_path_name(SimdPath::avx2) == "avx2");
 
-  ::setenv("ZERO3_CPU_SIMD", "scalar", 1);
-  CHECK(offload::best_simd_path() == SimdPath::scalar);
-  if (offload::simd_path_supported(SimdPath::avx2)) {
-    ::setenv("ZERO3_CPU_SIMD", "avx2", 1);
-    CHECK(offload::best_simd_path() == SimdPath::avx2);
-  }
-  if (!offload::simd_path_supported(SimdPath::avx512)) {
-    ::setenv("ZERO3_CPU_SIMD", "avx512", 1);
-    CHECK_THROWS_AS(offload::best_simd_path(), zero3::Error);
+  // Each path by name: that path where supported, else an Error naming the variable and the path.
+  for (SimdPath p : {SimdPath::scalar, SimdPath::avx2, SimdPath::avx512}) {
+    const std::string name(offload::simd_path_name(p));
+    INFO("ZERO3_CPU_SIMD=" << name);
+    ::setenv("ZERO3_CPU_SIMD", name.c_str(), 1);
+    if (offload::simd_path_supported(p)) {
+      CHECK(offload::best_simd_path() == p);
+    } else {
+      CHECK_THROWS_WITH(offload::best_simd_path(), Catch::Contains("ZERO3_CPU_SIMD=" + name));
+      CHECK_THROWS_AS(offload::best_simd_path(), zero3::Error);
+    }
   }
   ::setenv("ZERO3_CPU_SIMD", "sse9", 1);
   CHECK_THROWS_WITH(offload::best_simd_path(), Catch::Contains("ZERO3_CPU_SIMD") && Catch::Contains("sse9"));
@@ -720,7 +819,9 @@ TEST_CASE("CpuThreadPool: tiles cover every element once, with fixed boundaries"
 }
 
 TEST_CASE("CpuThreadPool: reduce_tiles gives the same bits on 1 and several threads", "[offload]") {
-  std::mt19937_64 rng = make_rng();
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
   const std::size_t n = (std::size_t{1} << 20) + 12345;
   const std::vector<float> x = to_floats(random_values(rng, DType::f32, n, -10, 10, false, false));
   const SimdPath path = offload::best_simd_path();
@@ -741,26 +842,25 @@ TEST_CASE("CpuThreadPool: reduce_tiles gives the same bits on 1 and several thre
   }
 }
 
-TEST_CASE("CpuThreadPool: workers bound to CPU 0 run there; defaults follow the CPU set", "[offload]") {
+TEST_CASE("CpuThreadPool: workers bound to one CPU run there; defaults follow the CPU set", "[offload]") {
   cpu_set_t before;
   CPU_ZERO(&before);
   REQUIRE(sched_getaffinity(0, sizeof before, &before) == 0);
-  if (!CPU_ISSET(0, &before)) {
-    WARN("CPU 0 is not in this process's CPU set: binding test skipped");
-    SUCCEED("skipped");
-    return;
-  }
-  offload::CpuThreadPool pool(2, {0});
-  CHECK(pool.cpus() == std::vector<int>{0});
-  std::atomic<int> tiles{0}, off_cpu0{0};
+  int cpu = 0;  // the first CPU of this process's set
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &before)) ++cpu;
+  REQUIRE(cpu < CPU_SETSIZE);
+  INFO("bound to CPU " << cpu);
+  offload::CpuThreadPool pool(2, {cpu});
+  CHECK(pool.cpus() == std::vector<int>{cpu});
+  std::atomic<int> tiles{0}, off_cpu{0};
   pool.for_tiles(std::size_t{1} << 20, std::size_t{1} << 14, [&](std::size_t, std::size_t) {
     cpu_set_t set;
     CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) != 1 || !CPU_ISSET(0, &set)) ++off_cpu0;
+    if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) != 1 || !CPU_ISSET(cpu, &set)) ++off_cpu;
     ++tiles;
   });
   CHECK(tiles.load() == 64);
-  CHECK(off_cpu0.load() == 0);
+  CHECK(off_cpu.load() == 0);
   // The caller's own mask is given back when it leaves the arena.
   cpu_set_t after;
   CPU_ZERO(&after);
@@ -768,7 +868,44 @@ TEST_CASE("CpuThreadPool: workers bound to CPU 0 run there; defaults follow the 
   CHECK(CPU_EQUAL(&before, &after));
 
   CHECK(offload::CpuThreadPool(0).threads() == allowed_cpu_count());
-  CHECK(offload::CpuThreadPool(-1, {0}).threads() == 1);
+  CHECK(offload::CpuThreadPool(-1, {cpu}).threads() == 1);
   CHECK_THROWS_AS(offload::CpuThreadPool(1, {1 << 20}), zero3::UsageError);
   CHECK_THROWS_AS(offload::CpuThreadPool(1, {-1}), zero3::UsageError);
+}
+
+// --simd-path NAME picks the path of the [simd] test cases. A path this CPU or build lacks, or one wider
+// than ZERO3_CPU_SIMD allows, is reported as skipped (exit code 77) before any test case runs.
+int main(int argc, char** argv) {
+  Catch::Session session;
+  std::string path_name;
+  session.cli(session.cli() | Catch::clara::Opt(path_name, "avx2|avx512")["--simd-path"](
+                                  "the SIMD path the [simd] test cases compare with the scalar path"));
+  if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+  if (!path_name.empty()) {
+    std::optional<SimdPath> path;
+    for (SimdPath p : {SimdPath::avx2, SimdPath::avx512}) {
+      if (path_name == offload::simd_path_name(p)) path = p;
+    }
+    if (!path) {
+      std::fprintf(stderr, "--simd-path %s: use avx2 or avx512\n", path_name.c_str());
+      return 2;
+    }
+    if (!offload::simd_path_supported(*path)) {
+      std::printf("SKIPPED: SIMD path %s is not supported by this CPU or build\n", path_name.c_str());
+      return 77;
+    }
+    try {
+      const SimdPath allowed = offload::best_simd_path();
+      if (static_cast<int>(*path) > static_cast<int>(allowed)) {
+        std::printf("SKIPPED: SIMD path %s is wider than ZERO3_CPU_SIMD=%s allows\n", path_name.c_str(),
+                    std::string(offload::simd_path_name(allowed)).c_str());
+        return 77;
+      }
+    } catch (const zero3::Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 2;
+    }
+    g_simd_path = path;
+  }
+  return session.run();
 }

@@ -1,9 +1,14 @@
 // NUMA placement: synthetic topologies with several nodes (node CPUs, node of a CPU set, the placement rule,
 // describe), a hand-written XML topology with GPUs below two different nodes (and one below the machine), and
 // this machine (memory binding moves first-touched pages to the node, and the thread's policy comes back).
+// What this machine cannot show (the OS refusing the binding or the queries) is not a pass: the program
+// then exits 77, which ctest reports as Skipped; offload_numa.tests.cmake runs that test case ([membind])
+// on its own, as unit.offload_numa.membind.
+#define CATCH_CONFIG_RUNNER
 #include <hwloc.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -18,6 +23,13 @@ using namespace zero3;
 using namespace zero3::offload;
 
 namespace {
+
+// What a test case could not check on this machine; main exits 77 when there is any and nothing failed.
+std::vector<std::string> g_skipped;
+void skip(const std::string& what) {
+  WARN("skipped: " << what);
+  g_skipped.push_back(what);
+}
 
 std::vector<int> range(int first, int count) {
   std::vector<int> out(static_cast<std::size_t>(count));
@@ -233,7 +245,7 @@ TEST_CASE("this machine") {
   CHECK_FALSE(placement.cpus.empty());
 }
 
-TEST_CASE("this machine: memory bound to node 0 and the thread's policy restored") {
+TEST_CASE("this machine: memory bound to node 0 and the thread's policy restored", "[membind]") {
   const HostTopology topology = HostTopology::from_system();
 
   // Our own view of the thread's policy, independent of the code under test.
@@ -250,16 +262,21 @@ TEST_CASE("this machine: memory bound to node 0 and the thread's policy restored
   {
     const ScopedMemoryBinding binding(topology, 0);
     if (!binding.bound()) {
-      WARN("the OS refused memory binding here (e.g. a container without CAP_SYS_NICE); nothing to check");
+      skip("the OS refused memory binding here (e.g. a container without CAP_SYS_NICE)");
     } else {
       constexpr std::size_t kBytes = std::size_t{8} << 20;
       void* raw = std::aligned_alloc(4096, kBytes);
       REQUIRE(raw != nullptr);
       std::memset(raw, 0x5a, kBytes);  // first touch under the binding
+      int located = 0;
       for (std::size_t offset = 0; offset < kBytes; offset += std::size_t{1} << 20) {
         const auto node = node_of_memory(topology, static_cast<char*>(raw) + offset);
-        if (node) CHECK(*node == 0);
+        if (node) {
+          ++located;
+          CHECK(*node == 0);
+        }
       }
+      if (located == 0) skip("the OS tells no page's node here: where the bound memory went is unchecked");
       std::free(raw);
     }
   }
@@ -267,8 +284,17 @@ TEST_CASE("this machine: memory bound to node 0 and the thread's policy restored
     REQUIRE(hwloc_get_membind(probe, after, &policy_after, kFlags) == 0);
     CHECK(policy_after == policy_before);
     CHECK(hwloc_bitmap_isequal(after, before));
+  } else {
+    skip("the thread's memory policy cannot be read here: its restoration is unchecked");
   }
   hwloc_bitmap_free(after);
   hwloc_bitmap_free(before);
   hwloc_topology_destroy(probe);
+}
+
+int main(int argc, char** argv) {
+  const int failed = Catch::Session().run(argc, argv);
+  if (failed != 0 || g_skipped.empty()) return failed;
+  for (const std::string& what : g_skipped) std::printf("SKIPPED: %s\n", what.c_str());
+  return 77;
 }
