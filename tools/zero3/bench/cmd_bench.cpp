@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -30,10 +29,7 @@ struct BenchOptions {
   bool json = false;
   int repeats = 5;
   int steps = 3;
-  int d_model = 256;
-  int layers = 4;
-  int seq_len = 8;
-  int micro_batch = 4;
+  ModelShape shape;
 };
 
 constexpr std::uint64_t kSeed = 42;
@@ -44,18 +40,6 @@ constexpr double kEps = 1e-8;
 constexpr double kWeightDecay = 0.01;
 constexpr double kClip = 1.0;
 
-model::ModelConfig bench_model_config(const BenchOptions& o) {
-  model::ModelConfig m;
-  m.arch = model::Arch::transformer;
-  m.d_in = 64;
-  m.d_model = o.d_model;
-  m.d_ff = 4 * o.d_model;
-  m.layers = o.layers;
-  m.seq_len = o.seq_len;
-  m.d_out = 64;
-  return m;
-}
-
 // The engine's config: AdamW with clipping, fp32, DeepSpeed's ZeRO-3 defaults except max_reuse_distance 0,
 // so every sharded unit is gathered for forward and again for backward (the volume the expected count
 // assumes), on the host device.
@@ -65,8 +49,8 @@ config::Config engine_config(const BenchOptions& o, int world_size) {
           "optimizer": {{"type": "AdamW", "params": {{"lr": {}, "betas": [{}, {}], "eps": {}, "weight_decay": {}}}}},
           "zero_optimization": {{"stage": 3, "stage3_max_reuse_distance": 0}},
           "zero3": {{"seed": {}, "device": "host"}}}})",
-      o.micro_batch, kClip, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kSeed);
-  return parse_builtin_config(text, world_size, "zero3 bench engine");
+      o.shape.micro_batch, kClip, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kSeed);
+  return bench::parse_builtin_config(text, world_size, "zero3 bench engine");
 }
 
 // ---- plain: whole fp32 buffers, no sharding, the same model code and optimizer kernels ------------------
@@ -172,29 +156,14 @@ class PlainTrainer {
   std::vector<Param> params_;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-template <typename Fn>
-double time_steps_ms(int steps, std::int64_t& next_step, Fn&& step) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) step(next_step++);
-  const auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::milli>(t1 - t0).count() / steps;
-}
-
 void run_bench(const BenchOptions& o) {
-  const comm::World world = comm::World::from_environment();
-  log::set_rank(world.rank, world.size);
-  const model::ModelConfig mc = bench_model_config(o);
+  const comm::World world = bench::bench_world();
+  const model::ModelConfig mc = transformer_config(o.shape);
   const std::vector<UnitSpec> units = model::model_units(mc);
   const config::Config cfg = engine_config(o, world.size);
 
   Zero3Trainer zero3(cfg, world, mc, units);
-  PlainTrainer plain(world, mc, units, o.micro_batch);
+  PlainTrainer plain(world, mc, units, o.shape.micro_batch);
 
   // One warm-up step each (the engine records its gather trace in its first step), then alternate blocks
   // of `steps` steps so drift in machine load hits both sides alike.
@@ -206,13 +175,15 @@ void run_bench(const BenchOptions& o) {
   std::vector<double> zero3_ms;
   std::vector<double> plain_ms;
   for (int r = 0; r < o.repeats; ++r) {
-    zero3_ms.push_back(time_steps_ms(o.steps, zero3_next, [&](std::int64_t s) { zero3_loss = zero3.step(s); }));
-    plain_ms.push_back(time_steps_ms(o.steps, plain_next, [&](std::int64_t s) { plain_loss = plain.step(s); }));
+    zero3_ms.push_back(bench::time_steps_ms(o.steps, zero3_next, [&](std::int64_t s) { zero3_loss = zero3.step(s); }));
+    plain_ms.push_back(bench::time_steps_ms(o.steps, plain_next, [&](std::int64_t s) { plain_loss = plain.step(s); }));
   }
   const EngineStats st = zero3.engine().stats();
   const MemoryTracker::Counter gathered = zero3.engine().memory().get(MemoryKind::device, MemCategory::param_gathered);
-  const double z_ms = median(zero3_ms);
-  const double p_ms = median(plain_ms);
+  const bench::Spread z = bench::spread(zero3_ms);
+  const bench::Spread p = bench::spread(plain_ms);
+  const double z_ms = z.median;
+  const double p_ms = p.median;
   const std::uint64_t comm = st.last_step_all_gather_elems + st.last_step_reduce_scatter_elems;
   // Each sharded unit: gathered for forward and for backward, its gradient reduce-scattered. Persistent
   // units are never gathered; their gradients are all-reduced (reported separately).
@@ -234,12 +205,12 @@ void run_bench(const BenchOptions& o) {
   fmt::print(
       "zero3 bench engine: transformer d_model {}, d_ff {}, {} blocks, seq {}, micro-batch {}; {} params ({} "
       "persistent); world size {}; AdamW, clip {}, fp32, host device\n",
-      mc.d_model, mc.d_ff, mc.layers, mc.seq_len, o.micro_batch, st.total_elems, st.persistent_elems, world.size,
+      mc.d_model, mc.d_ff, mc.layers, mc.seq_len, o.shape.micro_batch, st.total_elems, st.persistent_elems, world.size,
       kClip);
   if (world.size > 1) fmt::print("note: the plain trainer does not communicate; compare the times at world size 1\n");
-  fmt::print("step time, median of {} x {} steps:\n", o.repeats, o.steps);
-  fmt::print("  {:<34} {:>10.2f} ms  (loss {:.6f})\n", "plain (no zero3)", p_ms, plain_loss);
-  fmt::print("  {:<34} {:>10.2f} ms  (loss {:.6f})\n", "zero3", z_ms, zero3_loss);
+  fmt::print("step time, median (range) of {} x {} steps:\n", o.repeats, o.steps);
+  fmt::print("  {:<34} {:>26}  (loss {:.6f})\n", "plain (no zero3)", bench::median_and_range_ms(p), plain_loss);
+  fmt::print("  {:<34} {:>26}  (loss {:.6f})\n", "zero3", bench::median_and_range_ms(z), zero3_loss);
   fmt::print("  {:<34} {:>10.3f}\n", "overhead ratio (zero3 / plain)", z_ms / p_ms);
   fmt::print("communication per step (elements):\n");
   fmt::print("  {:<34} {:>12}  (all-gather {}, reduce-scatter {})\n", "gathered + reduce-scattered", comm,
@@ -253,35 +224,20 @@ void run_bench(const BenchOptions& o) {
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
-  bench->require_subcommand(1);
+  CLI::App* group = app.add_subcommand("bench", "Benchmarks");
+  group->require_subcommand(1);
   auto opt = std::make_shared<BenchOptions>();
-  CLI::App* engine = bench->add_subcommand(
+  CLI::App* engine = group->add_subcommand(
       "engine", "Step time of the transformer test model under the ZeRO-3 engine vs the same model without it");
-  engine->add_flag("--json", opt->json, "Print one JSON object instead of the table");
-  engine->add_option("--repeats", opt->repeats, "Timed blocks per trainer; the median is reported")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  engine->add_option("--steps", opt->steps, "Optimizer steps per timed block")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  engine->add_option("--d-model", opt->d_model, "Model width (d_ff = 4 x d_model)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  engine->add_option("--layers", opt->layers, "Transformer blocks")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  engine->add_option("--seq-len", opt->seq_len, "Positions per sample")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  engine->add_option("--micro-batch", opt->micro_batch, "Samples per step per rank")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
+  bench::add_json_flag(*engine, opt->json);
+  bench::add_repeats_option(*engine, opt->repeats);
+  bench::add_steps_option(*engine, opt->steps);
+  add_model_shape_options(*engine, opt->shape, true);
   engine->callback([opt] { run_bench(*opt); });
-  add_bench_cpu_optimizer_command(*bench);
-  add_bench_offload_command(*bench);
-  add_bench_train_command(*bench);
-  add_bench_checkpoint_command(*bench);
+  add_bench_cpu_optimizer_command(*group);
+  add_bench_offload_command(*group);
+  add_bench_train_command(*group);
+  add_bench_checkpoint_command(*group);
 }
 
 }  // namespace zero3::tools

@@ -4,11 +4,12 @@
 // a Zero3Trainer.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "bench_model.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
@@ -18,14 +19,34 @@ namespace zero3::tools {
 
 inline constexpr std::uint64_t kDataSeed = 7;
 
-// A benchmark's built-in DeepSpeed config, parsed for the job's world size (ConfigError listing the problems
-// when it is not runnable: a bug in the benchmark, not user input).
-inline config::Config parse_builtin_config(const std::string& text, int world_size, std::string_view command) {
-  config::ParseOptions options;
-  options.world_size = world_size;
-  options.world_size_source = "the job";
-  options.source_name = std::string(command);
-  return config::load_config_text_or_throw(text, options);
+// The transformer the engine, offload and checkpoint benchmarks train (d_ff = 4 x d_model, 64 input
+// features and 64 classes per position) and the micro-batch of each rank.
+struct ModelShape {
+  int d_model = 256;
+  int layers = 4;
+  int seq_len = 8;
+  int micro_batch = 4;
+};
+
+// --d-model and --layers; with `with_batch`, --seq-len and --micro-batch too.
+inline void add_model_shape_options(CLI::App& cmd, ModelShape& shape, bool with_batch) {
+  bench::add_count_option(cmd, "--d-model", shape.d_model, "Model width (d_ff = 4 x d_model)");
+  bench::add_count_option(cmd, "--layers", shape.layers, "Transformer blocks");
+  if (!with_batch) return;
+  bench::add_count_option(cmd, "--seq-len", shape.seq_len, "Positions per sample");
+  bench::add_count_option(cmd, "--micro-batch", shape.micro_batch, "Samples per step per rank");
+}
+
+inline model::ModelConfig transformer_config(const ModelShape& shape) {
+  model::ModelConfig m;
+  m.arch = model::Arch::transformer;
+  m.d_in = 64;
+  m.d_model = shape.d_model;
+  m.d_ff = 4 * shape.d_model;
+  m.layers = shape.layers;
+  m.seq_len = shape.seq_len;
+  m.d_out = 64;
+  return m;
 }
 
 inline model::Batch<float> batch_for(const model::ModelConfig& mc, const comm::World& world, int micro_batch,

@@ -7,7 +7,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -21,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "commands.hpp"
 #include "cpu_optimizer_bench.hpp"
 #include "zero3/core/error.hpp"
@@ -260,10 +260,8 @@ struct UnfusedTimes {
   double total() const { return norm + unscale + optimizer + cast; }
 };
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using bench::Clock;
+using bench::seconds_since;
 
 class PathRunner {
  public:
@@ -622,9 +620,9 @@ void run_cpu_optimizer_bench(const CpuBenchOptions& opt) {
 
 }  // namespace
 
-void add_bench_cpu_optimizer_command(CLI::App& bench) {
+void add_bench_cpu_optimizer_command(CLI::App& group) {
   auto opt = std::make_shared<CpuBenchOptions>();
-  CLI::App* cmd = bench.add_subcommand(
+  CLI::App* cmd = group.add_subcommand(
       "cpu-optimizer", "zero3's fused CPU optimizer step vs its memory bound and vs DeepSpeed's unfused pass sequence");
   cmd->add_option("--params", opt->params,
                   "Parameter counts, comma-separated (100003, 10M, 1B, 1e9); default 10M,100M,1B, each skipped "
@@ -645,7 +643,7 @@ void add_bench_cpu_optimizer_command(CLI::App& bench) {
                   "Timed repeats per path (interleaved); the best is reported. Default: per size, about 2 s of "
                   "repeats, 5 to 50")
       ->check(CLI::Range(1, 10'000));
-  cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
+  bench::add_json_flag(*cmd, opt->json);
   cmd->add_option("--torch-json", opt->torch_json,
                   "Merge torch.optim.AdamW figures from tools/bench/torch_adamw.py --json into the table");
   cmd->callback([opt] { run_cpu_optimizer_bench(*opt); });
