@@ -30,7 +30,9 @@ CLI::Option* add_steps_option(CLI::App& cmd, int& steps, const std::string& help
 
 // ---- the job -----------------------------------------------------------------------------------------
 
-// The job's world (comm::World::from_environment: one rank without mpirun), with the log's rank prefix set.
+// The job's world (comm::World::from_environment: one rank without mpirun), with the log's rank prefix set
+// and OpenBLAS's threads (the host models' matrix products) this rank's share of the node's cores, as
+// `zero3 train` sets them.
 comm::World bench_world();
 
 // A benchmark's built-in DeepSpeed config, parsed for the job's world size (ConfigError listing the problems

@@ -1,5 +1,5 @@
-// `zero3 bench checkpoint [--json]`: checkpoint save and load throughput of the engine's state (the test
-// transformer, fp32 params + master + Adam moments) next to a plain sequential write and read of the same
+// `zero3 bench checkpoint [--json]`: checkpoint save and load throughput of the engine's state (the host
+// GPT of bench_trainer.hpp, fp32 params + master + Adam moments) next to a plain sequential write and read of the same
 // bytes on the same disk, and the step-time cost of an async save (steps while a save is in flight vs
 // steps without one). Meant for `mpirun -np N`; every rank writes and reads its own share, as a save does;
 // rank 0 reports. The page cache is dropped for the files (posix_fadvise DONTNEED after fsync) before
@@ -18,7 +18,7 @@
 #include <system_error>
 #include <vector>
 
-#include "bench_model.hpp"
+#include "bench_common.hpp"
 #include "bench_trainer.hpp"
 #include "commands.hpp"
 #include "zero3/ckpt/checkpointer.hpp"
@@ -90,20 +90,19 @@ std::uint64_t raw_read(const fs::path& path) {
   return total;
 }
 
-config::Config bench_config(int world_size) {
+config::Config bench_config(const ModelShape& shape, int world_size) {
   return bench::parse_builtin_config(
-      R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
-          "zero_optimization": {"stage": 3}, "zero3": {"seed": 42, "device": "host"}})",
+      fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
+          "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3, "weight_decay": 0.01}}}},
+          "zero_optimization": {{"stage": 3}}, "zero3": {}}})",
+                  shape.micro_batch, zero3_block(shape)),
       world_size, "zero3 bench checkpoint");
 }
 
 void run(const CheckpointBenchOptions& o) {
   const comm::World world = bench::bench_world();
-  const model::ModelConfig mc = transformer_config(o.shape);
-  const std::vector<UnitSpec> units = model::model_units(mc);
   const std::shared_ptr<comm::Bootstrap> bootstrap = comm::make_mpi_bootstrap(world);
-  Zero3Trainer trainer(bench_config(world.size), world, mc, units, bootstrap);
+  Zero3Trainer trainer(bench_config(o.shape, world.size), world, o.shape, bootstrap);
   Engine& engine = trainer.engine();
   fs::path root =
       o.dir.empty() ? fs::temp_directory_path() / fmt::format("zero3-bench-checkpoint-{}", getpid()) : fs::path(o.dir);
@@ -210,9 +209,8 @@ void run(const CheckpointBenchOptions& o) {
         ratio);
     return;
   }
-  fmt::print(
-      "zero3 bench checkpoint: transformer d_model {}, {} blocks, {} params, {} ranks; {:.1f} MB of state in {}\n",
-      o.shape.d_model, o.shape.layers, engine.stats().total_elems, world.size, gb * 1e3, root.string());
+  fmt::print("zero3 bench checkpoint: {}, {} params, {} ranks; {:.1f} MB of state in {}\n", trainer.model().describe(),
+             engine.stats().total_elems, world.size, gb * 1e3, root.string());
   fmt::print("| | GB/s | vs plain |\n|---|---|---|\n");
   fmt::print("| save (snapshot, write, fsync, commit) | {:.3f} | {:.2f} |\n", save_gbps, save_gbps / raw_write_gbps);
   fmt::print("| plain sequential write + fsync | {:.3f} | 1.00 |\n", raw_write_gbps);

@@ -1,4 +1,4 @@
-// `zero3 bench offload`: the step time of the transformer test model under the engine with CPU offload of
+// `zero3 bench offload`: the step time of the host GPT (bench_trainer.hpp) under the engine with CPU offload of
 // the optimizer (and optionally of the params) next to the same engine without offload, alternating timed
 // blocks in one run, plus where the offloaded step's traffic went: bytes each way, the time the
 // host<->device copies ran and the share of it hidden behind other work (compute-stream work, the CPU
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_model.hpp"
+#include "bench_common.hpp"
 #include "bench_trainer.hpp"
 #include "commands.hpp"
 #include "zero3/comm/world.hpp"
@@ -42,8 +42,8 @@ config::Config bench_config(const OffloadBenchOptions& o, int world_size, bool o
       R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
           "wall_clock_breakdown": {},
           "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3, "weight_decay": 0.01}}}},
-          "zero_optimization": {{{}}}, "zero3": {{"seed": 42, "device": "host"}}}})",
-      o.shape.micro_batch, offload ? "true" : "false", zero);
+          "zero_optimization": {{{}}}, "zero3": {}}})",
+      o.shape.micro_batch, offload ? "true" : "false", zero, zero3_block(o.shape));
   return bench::parse_builtin_config(text, world_size, "zero3 bench offload");
 }
 
@@ -58,11 +58,8 @@ std::uint64_t device_state_bytes(Engine& e) {
 
 void run(const OffloadBenchOptions& o) {
   const comm::World world = bench::bench_world();
-  const model::ModelConfig mc = transformer_config(o.shape);
-  const std::vector<UnitSpec> units = model::model_units(mc);
-
-  Zero3Trainer on_device(bench_config(o, world.size, false), world, mc, units);
-  Zero3Trainer offloaded(bench_config(o, world.size, true), world, mc, units);
+  Zero3Trainer on_device(bench_config(o, world.size, false), world, o.shape);
+  Zero3Trainer offloaded(bench_config(o, world.size, true), world, o.shape);
 
   std::int64_t dev_next = 0;
   std::int64_t off_next = 0;
@@ -116,9 +113,9 @@ void run(const OffloadBenchOptions& o) {
     return;
   }
   fmt::print(
-      "zero3 bench offload: transformer d_model {}, {} blocks, {} params; world size {}; AdamW fp32, host device; "
+      "zero3 bench offload: {}; {} params; world size {}; AdamW fp32, host device; "
       "offload_optimizer cpu (pinned){}\n",
-      mc.d_model, mc.layers, st.total_elems, world.size, o.offload_param ? " + offload_param cpu" : "");
+      offloaded.model().describe(), st.total_elems, world.size, o.offload_param ? " + offload_param cpu" : "");
   fmt::print("step time, median (range) of {} x {} steps (blocks alternate):\n", o.repeats, o.steps);
   fmt::print("  {:<40} {:>26}  (loss {:.6f})\n", "on device", bench::median_and_range_ms(dev), dev_loss);
   fmt::print("  {:<40} {:>26}  (loss {:.6f})\n", "CPU offload", bench::median_and_range_ms(off), off_loss);
@@ -139,7 +136,7 @@ void run(const OffloadBenchOptions& o) {
 void add_bench_offload_command(CLI::App& group) {
   auto opt = std::make_shared<OffloadBenchOptions>();
   CLI::App* cmd = group.add_subcommand(
-      "offload", "Step time of the test model with and without CPU offload, and how much of the copying is hidden");
+      "offload", "Step time of the host GPT with and without CPU offload, and how much of the copying is hidden");
   bench::add_json_flag(*cmd, opt->json);
   cmd->add_flag("--offload-param", opt->offload_param, "Offload the param shards too (offload_param cpu)");
   bench::add_repeats_option(*cmd, opt->repeats);
