@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_model.hpp"
+#include "model.hpp"
 #include "device_staging.hpp"
 #include "mpi_test_env.hpp"
 #include "zero3/config/parse.hpp"
