@@ -25,6 +25,7 @@
 #include "cpu_optimizer_bench.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/offload/cpu_optimizer.hpp"
+#include "zero3/offload/pinned_budget.hpp"
 
 namespace zero3::tools {
 namespace {
@@ -96,31 +97,6 @@ BenchOptimizer parse_optimizer(const std::string& name) {
 }
 
 // ---- memory -------------------------------------------------------------------------------------------
-
-// Bytes this process may still allocate: MemAvailable, capped by a cgroup v2 limit when there is one.
-std::optional<std::uint64_t> available_memory_bytes() {
-  std::optional<std::uint64_t> avail;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") {
-      avail = kib * 1024;
-      break;
-    }
-  }
-  std::ifstream max_file("/sys/fs/cgroup/memory.max");
-  std::ifstream cur_file("/sys/fs/cgroup/memory.current");
-  std::string max_text;
-  std::uint64_t current = 0;
-  if (max_file >> max_text && max_text != "max" && cur_file >> current) {
-    const std::uint64_t limit = std::stoull(max_text);
-    const std::uint64_t room = limit > current ? limit - current : 0;
-    avail = avail ? std::min(*avail, room) : room;
-  }
-  return avail;
-}
 
 // Leave room for the rest of the machine: a size runs only if it fits in the available memory less this.
 std::uint64_t memory_margin(std::uint64_t available) {
@@ -590,7 +566,7 @@ void run_cpu_optimizer_bench(const CpuBenchOptions& opt) {
   std::vector<Skipped> skipped;
   for (const std::size_t n : sizes) {
     const std::uint64_t need = step_buffer_bytes(o, n);
-    if (const auto avail = available_memory_bytes()) {
+    if (const auto avail = offload::read_allocatable_bytes()) {
       const std::uint64_t margin = memory_margin(*avail);
       if (need + margin > *avail) {
         constexpr double kGiB = double(std::uint64_t{1} << 30);
