@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -112,6 +114,28 @@ HostMemoryFacts read_host_memory_facts() {
   }
   facts.can_lock_beyond_limit = has_cap_ipc_lock();
   return facts;
+}
+
+std::optional<std::uint64_t> read_allocatable_bytes() {
+  std::optional<std::uint64_t> bytes;
+  if (std::ifstream in("/proc/meminfo"); in) {
+    const std::string meminfo(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+    bytes = meminfo_bytes(meminfo, "MemAvailable");
+    if (!bytes) bytes = meminfo_bytes(meminfo, "MemFree");
+  }
+  std::ifstream max_file("/sys/fs/cgroup/memory.max");
+  std::ifstream current_file("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  std::uint64_t current = 0;
+  if (max_file >> max_text && max_text != "max" && current_file >> current) {
+    char* end = nullptr;
+    const std::uint64_t limit = std::strtoull(max_text.c_str(), &end, 10);
+    if (end != max_text.c_str() && *end == '\0') {
+      const std::uint64_t room = limit > current ? limit - current : 0;
+      bytes = bytes ? std::min(*bytes, room) : room;
+    }
+  }
+  return bytes;
 }
 
 PinnedBudget resolve_pinned_budget(const PinnedRequest& request, const HostMemoryFacts& facts) {

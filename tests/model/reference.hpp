@@ -1,5 +1,5 @@
-// The unsharded float64 reference the engine is tested against. It trains the test model (tools/zero3/
-// bench_model.hpp, Network<double>) on the whole global batch of each step in one process, with its own
+// The unsharded float64 reference the engine is tested against. It trains the test model (tests/model/
+// model.hpp, Network<double>) on the whole global batch of each step in one process, with its own
 // implementations of everything the engine does around the model, written from DS_CONFIG.md and not from
 // the engine's code: parameter init (§8 of DESIGN.md: CounterRng per name, stored in fp32), Adam/AdamW,
 // Lion and Adagrad (§2), the five LR schedules (§3), the dynamic loss scaler (§4.2) and gradient clipping
@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "bench_model.hpp"
+#include "model.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/engine/engine.hpp"
 

@@ -1,7 +1,8 @@
 // The float test model (tests/model) trained through the engine, for the MPI equivalence tests: the job's
 // world and bootstrap, a DeepSpeed config assembled per world size, and EngineTrainer, which drives the
-// model's forward and backward through GatherScope/GradScope with explicit staging of params and grads
-// (tests/support/device_staging.hpp), so the same path runs on the host device and on CUDA.
+// model's forward and backward through the engine's unit walk (train::EngineUnits, walk_forward,
+// walk_backward) with explicit staging of params and grads (tests/support/device_staging.hpp), so the same
+// path runs on the host device and on CUDA.
 #pragma once
 
 #include <fmt/format.h>
@@ -14,11 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "bench_model.hpp"
 #include "device_staging.hpp"
+#include "model.hpp"
 #include "mpi_test_env.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/engine/engine.hpp"
+#include "zero3/train/unit_walk.hpp"
 
 namespace zero3::test::engine_trainer {
 
@@ -145,18 +147,12 @@ class EngineTrainer {
     const model::Batch<float> batch =
         model::make_batch<float>(model_, kDataSeed, step, model::micro_batch_ids(r, w, micro, mb));
     net_.set_batch(batch);
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      Engine::GatherScope g = engine_.gather(units_[u].name);
-      net_.forward(u, load_params(u, g));
-    }
+    train::EngineUnits units(engine_, units_);
+    train::walk_forward(units, [&](const train::UnitViews& u) { net_.forward(u.unit, load_params(u)); });
     const auto loss = static_cast<double>(net_.loss());
     const auto seed = static_cast<float>(engine_.loss_multiplier());
-    for (std::size_t u = units_.size(); u-- > 0;) {
-      Engine::GatherScope g = engine_.gather(units_[u].name);
-      Engine::GradScope gr = engine_.grads(units_[u].name);
-      const std::string poison = r == w - 1 ? inject : std::string();
-      backward_unit(u, g, gr, seed, poison);
-    }
+    const std::string poison = r == w - 1 ? inject : std::string();
+    train::walk_backward(units, [&](const train::UnitViews& u) { backward_unit(u, seed, poison); });
     engine_.compute_stream().synchronize();
     return loss;
   }
@@ -184,33 +180,31 @@ class EngineTrainer {
   }
 
   // The unit's params, staged to the host as floats (into pbuf_).
-  std::vector<const float*> load_params(std::size_t u, const Engine::GatherScope& g) {
+  std::vector<const float*> load_params(const train::UnitViews& u) {
     std::vector<const float*> ptrs;
-    for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
-      pbuf_[u][k] =
-          test::download_floats(engine_.device(), engine_.compute_stream(), g.param(units_[u].params[k].name));
-      ptrs.push_back(pbuf_[u][k].data());
+    for (std::size_t k = 0; k < u.params.size(); ++k) {
+      pbuf_[u.unit][k] = test::download_floats(engine_.device(), engine_.compute_stream(), u.params[k]);
+      ptrs.push_back(pbuf_[u.unit][k].data());
     }
     return ptrs;
   }
 
-  // Backward of unit `u` on the host into gbuf_ (zero-filled first, as the engine's grad buffers are), then
+  // Backward of the unit on the host into gbuf_ (zero-filled first, as the engine's grad buffers are), then
   // each trainable param's gradient staged into the engine's grad buffer.
-  void backward_unit(std::size_t u, const Engine::GatherScope& g, const Engine::GradScope& gr, float seed,
-                     const std::string& poison) {
-    const std::vector<const float*> ptrs = load_params(u, g);
+  void backward_unit(const train::UnitViews& u, float seed, const std::string& poison) {
+    const std::vector<const float*> ptrs = load_params(u);
     std::vector<float*> gptrs;
-    for (std::vector<float>& b : gbuf_[u]) {
+    for (std::vector<float>& b : gbuf_[u.unit]) {
       std::fill(b.begin(), b.end(), 0.0f);
       gptrs.push_back(b.data());
     }
-    net_.backward(u, ptrs, gptrs, seed);
-    for (std::size_t k = 0; k < units_[u].params.size(); ++k) {
-      const ParamSpec& p = units_[u].params[k];
+    net_.backward(u.unit, ptrs, gptrs, seed);
+    for (std::size_t k = 0; k < units_[u.unit].params.size(); ++k) {
+      const ParamSpec& p = units_[u.unit].params[k];
       if (!p.trainable) continue;  // frozen: no gradient
-      std::vector<float>& b = gbuf_[u][k];
+      std::vector<float>& b = gbuf_[u.unit][k];
       if (!poison.empty() && p.name == poison && !b.empty()) b[0] = std::numeric_limits<float>::infinity();
-      test::upload_floats(engine_.device(), engine_.compute_stream(), gr.grad(p.name), b);
+      test::upload_floats(engine_.device(), engine_.compute_stream(), u.grads[k], b);
     }
   }
 

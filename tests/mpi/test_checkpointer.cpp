@@ -300,8 +300,8 @@ std::vector<UnitSpec> reinitialized(std::vector<UnitSpec> units) {
 }
 
 // Optimizer steps [from, to) with the step's data; `overflow`: steps whose gradient gets an Inf (fp16).
-std::vector<StepResult> train(EngineTrainer& t, std::int64_t from, std::int64_t to,
-                              const std::set<std::int64_t>& overflow = {}) {
+std::vector<StepResult> train_steps(EngineTrainer& t, std::int64_t from, std::int64_t to,
+                                    const std::set<std::int64_t>& overflow = {}) {
   const auto gas = static_cast<int>(t.engine().config().batch.gradient_accumulation_steps);
   std::vector<StepResult> out;
   for (std::int64_t s = from; s < to; ++s) {
@@ -369,13 +369,13 @@ void run_resume(const ResumeCase& rc, bool async) {
   const Json trainer_state = {{"next_step", kSaveAt}, {"data_seed", kDataSeed}, {"case", rc.name}};
 
   EngineTrainer a(cfg, mc, units);
-  const std::vector<StepResult> a_steps = train(a, 0, kSteps, rc.overflow);
+  const std::vector<StepResult> a_steps = train_steps(a, 0, kSteps, rc.overflow);
   const Snapshot expected = snapshot(a.engine());
 
   TrainingState saved_training;
   {
     EngineTrainer b(cfg, mc, units);
-    train(b, 0, kSaveAt, rc.overflow);
+    train_steps(b, 0, kSaveAt, rc.overflow);
     const Snapshot at_save = snapshot(b.engine());
     saved_training = at_save.training;
     CHECK(count_differences(at_save, expected, what + ": B at the save vs A at the end") > 0);  // training moves
@@ -387,7 +387,7 @@ void run_resume(const ResumeCase& rc, bool async) {
     if (async) {  // the snapshot is taken: training goes on while the writer runs, polled once per step
       CHECK(ck.in_flight());
       for (std::int64_t s = kSaveAt; s < kSteps; ++s) {
-        train(b, s, s + 1, rc.overflow);
+        train_steps(b, s, s + 1, rc.overflow);
         for (ckpt::SaveReport& r : ck.poll()) reports.push_back(std::move(r));
       }
     }
@@ -408,7 +408,7 @@ void run_resume(const ResumeCase& rc, bool async) {
   CHECK(loaded.trainer_state == trainer_state);
   CHECK(loaded.bytes_read > 0);
   CHECK(describe(c.engine().training_state()) == describe(saved_training));
-  const std::vector<StepResult> c_steps = train(c, kSaveAt, kSteps, rc.overflow);
+  const std::vector<StepResult> c_steps = train_steps(c, kSaveAt, kSteps, rc.overflow);
   for (std::size_t i = 0; i < c_steps.size(); ++i) {
     check_same_step(a_steps[static_cast<std::size_t>(kSaveAt) + i], c_steps[i], kSaveAt + static_cast<std::int64_t>(i));
   }
@@ -534,7 +534,7 @@ TEST_CASE("a checkpoint that conflicts with the job is refused before anything i
   const SharedTempDir root;
   {
     EngineTrainer src(adamw, mc, units);
-    train(src, 0, 2);
+    train_steps(src, 0, 2);
     ckpt::CheckpointerOptions options;
     options.async = false;
     ckpt::Checkpointer ck(src.engine(), env().bootstrap, options);
@@ -548,14 +548,14 @@ TEST_CASE("a checkpoint that conflicts with the job is refused before anything i
     ConfigText lion;
     lion.optimizer = R"({"type": "Lion", "params": {"lr": 1e-3, "weight_decay": 0.1}})";
     EngineTrainer t(lion.parse(), mc, units);
-    train(t, 0, 1);  // moments and params that differ from the checkpoint's and from init
+    train_steps(t, 0, 1);  // moments and params that differ from the checkpoint's and from init
     check_refused(t, root.path(), "Lion job", {"optimizer"});
   }
   {  // same number of elements, another shape (the test model only reads the elements): trained first
     std::vector<UnitSpec> changed = units;
     find_spec(changed, "head.weight")->shape = {16, 5};
     EngineTrainer t(adamw, mc, changed);
-    train(t, 0, 1);
+    train_steps(t, 0, 1);
     check_refused(t, root.path(), "head.weight transposed", {"head.weight", "shape"});
   }
   {
@@ -948,12 +948,12 @@ TEST_CASE("poll reports nothing without a save; a second save waits for the firs
   CHECK(!ck.in_flight());
   CHECK(ck.poll().empty());
   CHECK(ck.wait().empty());
-  train(t, 0, 1);
+  train_steps(t, 0, 1);
   CHECK(ck.poll().empty());
   const Snapshot first = snapshot(t.engine());
   ck.save(root.path(), "first", 1, Json{{"n", 1}});
   CHECK(ck.in_flight());
-  train(t, 1, 2);  // changes the state under the first save's writer
+  train_steps(t, 1, 2);  // changes the state under the first save's writer
   const Snapshot second = snapshot(t.engine());
   CHECK(count_differences(second, first, "step 2 vs step 1") > 0);
   ck.save(root.path(), "second", 2, Json{{"n", 2}});

@@ -161,4 +161,9 @@ TEST_CASE("host memory facts of this machine are plausible") {
   }
   // A default request fits the machine it runs on.
   CHECK_NOTHROW(check_pinned_budget(PinnedRequest{}, f));
+  // What this process may allocate: some memory, no more than the machine has.
+  const std::optional<std::uint64_t> allocatable = read_allocatable_bytes();
+  REQUIRE(allocatable.has_value());
+  CHECK(*allocatable > 0);
+  CHECK(*allocatable <= f.total_bytes);
 }

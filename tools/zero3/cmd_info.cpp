@@ -1,29 +1,25 @@
 // `zero3 info`: what this build contains and what this machine offers (devices, NUMA topology).
 #include <fmt/format.h>
-#include <hwloc.h>
 
+#include <exception>
 #include <thread>
 
 #include "commands.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/device/device.hpp"
+#include "zero3/offload/numa.hpp"
 
 namespace zero3::tools {
 namespace {
 
+// The NUMA nodes and their CPUs as CPU offload sees them (offload::HostTopology), and this process's CPU set.
 std::string topology_summary() {
-  hwloc_topology_t topo = nullptr;
-  if (hwloc_topology_init(&topo) != 0) return "unavailable (hwloc_topology_init failed)";
-  if (hwloc_topology_load(topo) != 0) {
-    hwloc_topology_destroy(topo);
-    return "unavailable (hwloc_topology_load failed)";
+  try {
+    return fmt::format("{}; the process may run on {} CPU(s)", offload::HostTopology::from_system().describe(),
+                       offload::process_cpus().size());
+  } catch (const std::exception& e) {
+    return fmt::format("unavailable ({})", e.what());
   }
-  const int numa = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
-  const int packages = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PACKAGE);
-  const int cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
-  const int pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
-  hwloc_topology_destroy(topo);
-  return fmt::format("{} NUMA node(s), {} package(s), {} core(s), {} hardware thread(s)", numa, packages, cores, pus);
 }
 
 void run_info() {

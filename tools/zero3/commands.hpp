@@ -14,12 +14,12 @@ void add_bench_command(CLI::App& app);   // zero3 bench engine: zero3 vs plain b
 void add_train_command(CLI::App& app);   // zero3 train: the GPT of a config through the engine
 void add_ckpt_command(CLI::App& app);    // zero3 ckpt info, export: inspect, verify, export checkpoints
 // zero3 bench cpu-optimizer (registered by add_bench_command on its `bench` subcommand)
-void add_bench_cpu_optimizer_command(CLI::App& bench);
+void add_bench_cpu_optimizer_command(CLI::App& group);
 // zero3 bench offload: step time with and without CPU offload, and the copies hidden behind other work
-void add_bench_offload_command(CLI::App& bench);
+void add_bench_offload_command(CLI::App& group);
 // zero3 bench train: tokens/s and step-time split of a zero3 train job, world sizes x offload
-void add_bench_train_command(CLI::App& bench);
+void add_bench_train_command(CLI::App& group);
 // zero3 bench checkpoint: save/load GB/s vs plain I/O, async save cost per step
-void add_bench_checkpoint_command(CLI::App& bench);
+void add_bench_checkpoint_command(CLI::App& group);
 
 }  // namespace zero3::tools

@@ -19,6 +19,10 @@ struct HostMemoryFacts {
 // Throws zero3::Error when /proc/meminfo cannot be read. Limits of a memory cgroup (containers) are not
 // folded in: MemAvailable is the whole machine's.
 HostMemoryFacts read_host_memory_facts();
+// Bytes the calling process may still allocate: MemAvailable (MemFree before Linux 3.14), capped by the room
+// left under a cgroup v2 memory limit (/sys/fs/cgroup/memory.max less memory.current) when one is set.
+// nullopt when neither can be read.
+std::optional<std::uint64_t> read_allocatable_bytes();
 
 struct PinnedRequest {
   std::uint64_t pinned_bytes = 0;    // this rank's page-locked host memory (pin_memory: true)

@@ -7,7 +7,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -21,10 +20,12 @@
 #include <utility>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "commands.hpp"
 #include "cpu_optimizer_bench.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/offload/cpu_optimizer.hpp"
+#include "zero3/offload/pinned_budget.hpp"
 
 namespace zero3::tools {
 namespace {
@@ -96,31 +97,6 @@ BenchOptimizer parse_optimizer(const std::string& name) {
 }
 
 // ---- memory -------------------------------------------------------------------------------------------
-
-// Bytes this process may still allocate: MemAvailable, capped by a cgroup v2 limit when there is one.
-std::optional<std::uint64_t> available_memory_bytes() {
-  std::optional<std::uint64_t> avail;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") {
-      avail = kib * 1024;
-      break;
-    }
-  }
-  std::ifstream max_file("/sys/fs/cgroup/memory.max");
-  std::ifstream cur_file("/sys/fs/cgroup/memory.current");
-  std::string max_text;
-  std::uint64_t current = 0;
-  if (max_file >> max_text && max_text != "max" && cur_file >> current) {
-    const std::uint64_t limit = std::stoull(max_text);
-    const std::uint64_t room = limit > current ? limit - current : 0;
-    avail = avail ? std::min(*avail, room) : room;
-  }
-  return avail;
-}
 
 // Leave room for the rest of the machine: a size runs only if it fits in the available memory less this.
 std::uint64_t memory_margin(std::uint64_t available) {
@@ -260,10 +236,8 @@ struct UnfusedTimes {
   double total() const { return norm + unscale + optimizer + cast; }
 };
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using bench::Clock;
+using bench::seconds_since;
 
 class PathRunner {
  public:
@@ -592,7 +566,7 @@ void run_cpu_optimizer_bench(const CpuBenchOptions& opt) {
   std::vector<Skipped> skipped;
   for (const std::size_t n : sizes) {
     const std::uint64_t need = step_buffer_bytes(o, n);
-    if (const auto avail = available_memory_bytes()) {
+    if (const auto avail = offload::read_allocatable_bytes()) {
       const std::uint64_t margin = memory_margin(*avail);
       if (need + margin > *avail) {
         constexpr double kGiB = double(std::uint64_t{1} << 30);
@@ -622,9 +596,9 @@ void run_cpu_optimizer_bench(const CpuBenchOptions& opt) {
 
 }  // namespace
 
-void add_bench_cpu_optimizer_command(CLI::App& bench) {
+void add_bench_cpu_optimizer_command(CLI::App& group) {
   auto opt = std::make_shared<CpuBenchOptions>();
-  CLI::App* cmd = bench.add_subcommand(
+  CLI::App* cmd = group.add_subcommand(
       "cpu-optimizer", "zero3's fused CPU optimizer step vs its memory bound and vs DeepSpeed's unfused pass sequence");
   cmd->add_option("--params", opt->params,
                   "Parameter counts, comma-separated (100003, 10M, 1B, 1e9); default 10M,100M,1B, each skipped "
@@ -645,7 +619,7 @@ void add_bench_cpu_optimizer_command(CLI::App& bench) {
                   "Timed repeats per path (interleaved); the best is reported. Default: per size, about 2 s of "
                   "repeats, 5 to 50")
       ->check(CLI::Range(1, 10'000));
-  cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
+  bench::add_json_flag(*cmd, opt->json);
   cmd->add_option("--torch-json", opt->torch_json,
                   "Merge torch.optim.AdamW figures from tools/bench/torch_adamw.py --json into the table");
   cmd->callback([opt] { run_cpu_optimizer_bench(*opt); });

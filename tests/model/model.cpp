@@ -2,7 +2,7 @@
 // Matrix products loop so the innermost loop is a contiguous axpy (the compiler vectorizes it without
 // -ffast-math); the forward transposes each weight once per call for that. Every sum runs in a fixed
 // order, so a run is bitwise reproducible.
-#include "bench_model.hpp"
+#include "model.hpp"
 
 #include <fmt/format.h>
 
@@ -250,21 +250,6 @@ std::size_t numel(const ParamSpec& param) {
   std::size_t n = 1;
   for (std::int64_t e : param.shape) n *= static_cast<std::size_t>(e);
   return n;
-}
-
-void init_param(const ParamSpec& param, std::uint64_t seed, std::span<float> out) {
-  ZERO3_CHECK(out.size() == numel(param), "init_param: output size differs from the param's");
-  if (param.init.kind == ParamInit::Kind::custom) {
-    param.init.fill(0, out);
-    return;
-  }
-  const CounterRng rng(seed, hash_name(param.name));
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    double v = param.init.a;  // constant
-    if (param.init.kind == ParamInit::Kind::normal) v = param.init.a + param.init.b * rng.normal(i);
-    if (param.init.kind == ParamInit::Kind::uniform) v = param.init.a + (param.init.b - param.init.a) * rng.uniform(i);
-    out[i] = static_cast<float>(v);
-  }
 }
 
 std::size_t total_elems(const std::vector<UnitSpec>& units) {

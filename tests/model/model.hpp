@@ -1,11 +1,11 @@
-// The host-computed test model family shared by `zero3 bench engine` and the engine's equivalence tests:
-// an MLP (MSE loss) and a small pre-LayerNorm transformer (single-head causal attention, GELU MLP,
-// cross-entropy per position), with forward and backward written by hand for float and double.
+// The test model family of the engine's equivalence tests, the oracle's model: an MLP (MSE loss) and a
+// small pre-LayerNorm transformer (single-head causal attention, GELU MLP, cross-entropy per position),
+// with forward and backward written by hand for float and double, computed on the host.
 // One engine unit per layer or block plus a head unit; params are named ("blocks.0.ln1.weight") and
 // initialized through ParamInit. Data are synthetic and deterministic in (seed, step, global sample id),
 // so a global batch is the same whatever the world size. No engine code is called here: a Network only
-// reads param pointers and writes gradients, so the same code runs sharded, plain, or as the float64
-// reference. Plain values; a Network is used by one thread at a time.
+// reads param pointers and writes gradients, so the same code runs sharded (tests/mpi/engine_trainer.hpp)
+// or as the float64 reference (reference.hpp). Plain values; a Network is used by one thread at a time.
 #pragma once
 
 #include <cstddef>
@@ -43,9 +43,6 @@ void validate(const ModelConfig& config);
 // that is exactly zero (softmax ignores a shift shared by all scores), and Adam or Lion would turn the
 // rounding noise there into full-size updates, so fp32 and float64 runs could not be compared.
 std::vector<UnitSpec> model_units(const ModelConfig& config);
-// The initial values of `param` as the engine makes them (DESIGN.md §8): CounterRng(seed, hash_name(name)) at
-// each element index, computed in double and stored as float. For trainers that run without the engine.
-void init_param(const ParamSpec& param, std::uint64_t seed, std::span<float> out);
 // Total elements of all params of `units`.
 std::size_t total_elems(const std::vector<UnitSpec>& units);
 std::size_t numel(const ParamSpec& param);

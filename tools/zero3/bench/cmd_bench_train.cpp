@@ -22,6 +22,7 @@
 #include <system_error>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "commands.hpp"
 #include "zero3/core/error.hpp"
 
@@ -204,21 +205,19 @@ void run(const TrainBenchOptions& o) {
 
 }  // namespace
 
-void add_bench_train_command(CLI::App& bench) {
+void add_bench_train_command(CLI::App& group) {
   auto opt = std::make_shared<TrainBenchOptions>();
-  CLI::App* cmd = bench.add_subcommand(
+  CLI::App* cmd = group.add_subcommand(
       "train", "tokens/s and step-time split of a zero3 train job at each world size, with and without CPU offload");
   cmd->add_option("--config", opt->config, "The job (a zero3 train config)")->capture_default_str();
   cmd->add_option("--world-sizes", opt->world_sizes, "Ranks of each run (local, through --mpirun above 1)")
       ->delimiter(',')
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  cmd->add_option("--steps", opt->steps, "Warm-up steps, then as many measured steps, per run")
-      ->check(CLI::Range(1, 100000))
-      ->capture_default_str();
+  bench::add_steps_option(*cmd, opt->steps, "Warm-up steps, then as many measured steps, per run", 100000);
   cmd->add_option("--device", opt->device, "Override zero3.device (host, cuda, auto)");
   cmd->add_option("--mpirun", opt->mpirun, "Open MPI launcher for runs of more than one rank")->capture_default_str();
-  cmd->add_flag("--json", opt->json, "Print JSON instead of the table");
+  bench::add_json_flag(*cmd, opt->json);
   cmd->add_flag("--keep", opt->keep, "Keep the runs' configs, metrics and logs (in the temporary directory)");
   cmd->callback([opt] { run(*opt); });
 }

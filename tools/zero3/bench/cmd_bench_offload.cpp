@@ -1,4 +1,4 @@
-// `zero3 bench offload`: the step time of the transformer test model under the engine with CPU offload of
+// `zero3 bench offload`: the step time of the host GPT (bench_trainer.hpp) under the engine with CPU offload of
 // the optimizer (and optionally of the params) next to the same engine without offload, alternating timed
 // blocks in one run, plus where the offloaded step's traffic went: bytes each way, the time the
 // host<->device copies ran and the share of it hidden behind other work (compute-stream work, the CPU
@@ -7,13 +7,11 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "bench_model.hpp"
+#include "bench_common.hpp"
 #include "bench_trainer.hpp"
 #include "commands.hpp"
 #include "zero3/comm/world.hpp"
@@ -29,10 +27,7 @@ struct OffloadBenchOptions {
   bool offload_param = false;
   int repeats = 3;
   int steps = 3;
-  int d_model = 256;
-  int layers = 4;
-  int seq_len = 8;
-  int micro_batch = 4;
+  ModelShape shape;
   std::int64_t sub_group_size = 1'000'000;
 };
 
@@ -47,15 +42,9 @@ config::Config bench_config(const OffloadBenchOptions& o, int world_size, bool o
       R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
           "wall_clock_breakdown": {},
           "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3, "weight_decay": 0.01}}}},
-          "zero_optimization": {{{}}}, "zero3": {{"seed": 42, "device": "host"}}}})",
-      o.micro_batch, offload ? "true" : "false", zero);
-  return parse_builtin_config(text, world_size, "zero3 bench offload");
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+          "zero_optimization": {{{}}}, "zero3": {}}})",
+      o.shape.micro_batch, offload ? "true" : "false", zero, zero3_block(o.shape));
+  return bench::parse_builtin_config(text, world_size, "zero3 bench offload");
 }
 
 std::uint64_t device_state_bytes(Engine& e) {
@@ -68,20 +57,9 @@ std::uint64_t device_state_bytes(Engine& e) {
 }
 
 void run(const OffloadBenchOptions& o) {
-  const comm::World world = comm::World::from_environment();
-  log::set_rank(world.rank, world.size);
-  model::ModelConfig mc;
-  mc.arch = model::Arch::transformer;
-  mc.d_in = 64;
-  mc.d_model = o.d_model;
-  mc.d_ff = 4 * o.d_model;
-  mc.layers = o.layers;
-  mc.seq_len = o.seq_len;
-  mc.d_out = 64;
-  const std::vector<UnitSpec> units = model::model_units(mc);
-
-  Zero3Trainer on_device(bench_config(o, world.size, false), world, mc, units);
-  Zero3Trainer offloaded(bench_config(o, world.size, true), world, mc, units);
+  const comm::World world = bench::bench_world();
+  Zero3Trainer on_device(bench_config(o, world.size, false), world, o.shape);
+  Zero3Trainer offloaded(bench_config(o, world.size, true), world, o.shape);
 
   std::int64_t dev_next = 0;
   std::int64_t off_next = 0;
@@ -92,9 +70,8 @@ void run(const OffloadBenchOptions& o) {
   std::vector<double> dev_ms;
   std::vector<double> off_ms;
   const auto timed = [&](Zero3Trainer& t, std::int64_t& next, double& loss, bool count) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.steps; ++i) {
-      loss = t.step(next++);
+    return bench::time_steps_ms(o.steps, next, [&](std::int64_t s) {
+      loss = t.step(s);
       if (count) {
         const OffloadTimes s = t.engine().stats().last_step_offload;
         total.d2h_bytes += s.d2h_bytes;
@@ -105,15 +82,16 @@ void run(const OffloadBenchOptions& o) {
         total.cpu_ms += s.cpu_ms;
         ++windows;
       }
-    }
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / o.steps;
+    });
   };
   for (int r = 0; r < o.repeats; ++r) {
     dev_ms.push_back(timed(on_device, dev_next, dev_loss, false));
     off_ms.push_back(timed(offloaded, off_next, off_loss, true));
   }
-  const double d = median(dev_ms);
-  const double f = median(off_ms);
+  const bench::Spread dev = bench::spread(dev_ms);
+  const bench::Spread off = bench::spread(off_ms);
+  const double d = dev.median;
+  const double f = off.median;
   const double copy_ms = total.d2h_ms + total.h2d_ms;
   const double hidden = copy_ms > 0.0 ? total.copies_hidden_ms / copy_ms : 0.0;
   const std::uint64_t dev_bytes = device_state_bytes(on_device.engine());
@@ -135,12 +113,12 @@ void run(const OffloadBenchOptions& o) {
     return;
   }
   fmt::print(
-      "zero3 bench offload: transformer d_model {}, {} blocks, {} params; world size {}; AdamW fp32, host device; "
+      "zero3 bench offload: {}; {} params; world size {}; AdamW fp32, host device; "
       "offload_optimizer cpu (pinned){}\n",
-      mc.d_model, mc.layers, st.total_elems, world.size, o.offload_param ? " + offload_param cpu" : "");
-  fmt::print("step time, median of {} x {} steps (blocks alternate):\n", o.repeats, o.steps);
-  fmt::print("  {:<40} {:>10.2f} ms  (loss {:.6f})\n", "on device", d, dev_loss);
-  fmt::print("  {:<40} {:>10.2f} ms  (loss {:.6f})\n", "CPU offload", f, off_loss);
+      offloaded.model().describe(), st.total_elems, world.size, o.offload_param ? " + offload_param cpu" : "");
+  fmt::print("step time, median (range) of {} x {} steps (blocks alternate):\n", o.repeats, o.steps);
+  fmt::print("  {:<40} {:>26}  (loss {:.6f})\n", "on device", bench::median_and_range_ms(dev), dev_loss);
+  fmt::print("  {:<40} {:>26}  (loss {:.6f})\n", "CPU offload", bench::median_and_range_ms(off), off_loss);
   fmt::print("  {:<40} {:>10.3f}\n", "offload / on device", f / d);
   fmt::print("offloaded step, per step (mean of {} steps):\n", windows);
   fmt::print("  {:<40} {:>10.0f} bytes, {:.3f} ms\n", "device -> host (gradients)",
@@ -155,30 +133,15 @@ void run(const OffloadBenchOptions& o) {
 
 }  // namespace
 
-void add_bench_offload_command(CLI::App& bench) {
+void add_bench_offload_command(CLI::App& group) {
   auto opt = std::make_shared<OffloadBenchOptions>();
-  CLI::App* cmd = bench.add_subcommand(
-      "offload", "Step time of the test model with and without CPU offload, and how much of the copying is hidden");
-  cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
+  CLI::App* cmd = group.add_subcommand(
+      "offload", "Step time of the host GPT with and without CPU offload, and how much of the copying is hidden");
+  bench::add_json_flag(*cmd, opt->json);
   cmd->add_flag("--offload-param", opt->offload_param, "Offload the param shards too (offload_param cpu)");
-  cmd->add_option("--repeats", opt->repeats, "Timed blocks per trainer; the median is reported")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  cmd->add_option("--steps", opt->steps, "Optimizer steps per timed block")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  cmd->add_option("--d-model", opt->d_model, "Model width (d_ff = 4 x d_model)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  cmd->add_option("--layers", opt->layers, "Transformer blocks")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  cmd->add_option("--seq-len", opt->seq_len, "Positions per sample")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  cmd->add_option("--micro-batch", opt->micro_batch, "Samples per step per rank")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
+  bench::add_repeats_option(*cmd, opt->repeats);
+  bench::add_steps_option(*cmd, opt->steps);
+  add_model_shape_options(*cmd, opt->shape, true);
   cmd->add_option("--sub-group-size", opt->sub_group_size, "zero_optimization.sub_group_size (elements)")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1'000'000'000'000}));

@@ -1,5 +1,5 @@
-// `zero3 bench checkpoint [--json]`: checkpoint save and load throughput of the engine's state (the test
-// transformer, fp32 params + master + Adam moments) next to a plain sequential write and read of the same
+// `zero3 bench checkpoint [--json]`: checkpoint save and load throughput of the engine's state (the host
+// GPT of bench_trainer.hpp, fp32 params + master + Adam moments) next to a plain sequential write and read of the same
 // bytes on the same disk, and the step-time cost of an async save (steps while a save is in flight vs
 // steps without one). Meant for `mpirun -np N`; every rank writes and reads its own share, as a save does;
 // rank 0 reports. The page cache is dropped for the files (posix_fadvise DONTNEED after fsync) before
@@ -18,7 +18,7 @@
 #include <system_error>
 #include <vector>
 
-#include "bench_model.hpp"
+#include "bench_common.hpp"
 #include "bench_trainer.hpp"
 #include "commands.hpp"
 #include "zero3/ckpt/checkpointer.hpp"
@@ -30,20 +30,16 @@ namespace zero3::tools {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::seconds_since;
 
 struct CheckpointBenchOptions {
   bool json = false;
   std::string dir;  // default: a fresh directory under the system's temporary directory
-  int d_model = 384;
-  int layers = 6;
+  ModelShape shape{.d_model = 384, .layers = 6};
   int steps = 4;    // baseline steps for the async comparison
   int repeats = 2;  // save/write/read rounds; the best of each is reported
 };
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 void drop_cache(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -94,28 +90,19 @@ std::uint64_t raw_read(const fs::path& path) {
   return total;
 }
 
-config::Config bench_config(int world_size) {
-  return parse_builtin_config(
-      R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
-          "zero_optimization": {"stage": 3}, "zero3": {"seed": 42, "device": "host"}})",
+config::Config bench_config(const ModelShape& shape, int world_size) {
+  return bench::parse_builtin_config(
+      fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
+          "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3, "weight_decay": 0.01}}}},
+          "zero_optimization": {{"stage": 3}}, "zero3": {}}})",
+                  shape.micro_batch, zero3_block(shape)),
       world_size, "zero3 bench checkpoint");
 }
 
 void run(const CheckpointBenchOptions& o) {
-  const comm::World world = comm::World::from_environment();
-  log::set_rank(world.rank, world.size);
-  model::ModelConfig mc;
-  mc.arch = model::Arch::transformer;
-  mc.d_in = 64;
-  mc.d_model = o.d_model;
-  mc.d_ff = 4 * o.d_model;
-  mc.layers = o.layers;
-  mc.seq_len = 8;
-  mc.d_out = 64;
-  const std::vector<UnitSpec> units = model::model_units(mc);
+  const comm::World world = bench::bench_world();
   const std::shared_ptr<comm::Bootstrap> bootstrap = comm::make_mpi_bootstrap(world);
-  Zero3Trainer trainer(bench_config(world.size), world, mc, units, bootstrap);
+  Zero3Trainer trainer(bench_config(o.shape, world.size), world, o.shape, bootstrap);
   Engine& engine = trainer.engine();
   fs::path root =
       o.dir.empty() ? fs::temp_directory_path() / fmt::format("zero3-bench-checkpoint-{}", getpid()) : fs::path(o.dir);
@@ -222,9 +209,8 @@ void run(const CheckpointBenchOptions& o) {
         ratio);
     return;
   }
-  fmt::print(
-      "zero3 bench checkpoint: transformer d_model {}, {} blocks, {} params, {} ranks; {:.1f} MB of state in {}\n",
-      o.d_model, o.layers, engine.stats().total_elems, world.size, gb * 1e3, root.string());
+  fmt::print("zero3 bench checkpoint: {}, {} params, {} ranks; {:.1f} MB of state in {}\n", trainer.model().describe(),
+             engine.stats().total_elems, world.size, gb * 1e3, root.string());
   fmt::print("| | GB/s | vs plain |\n|---|---|---|\n");
   fmt::print("| save (snapshot, write, fsync, commit) | {:.3f} | {:.2f} |\n", save_gbps, save_gbps / raw_write_gbps);
   fmt::print("| plain sequential write + fsync | {:.3f} | 1.00 |\n", raw_write_gbps);
@@ -237,22 +223,15 @@ void run(const CheckpointBenchOptions& o) {
 
 }  // namespace
 
-void add_bench_checkpoint_command(CLI::App& bench) {
+void add_bench_checkpoint_command(CLI::App& group) {
   auto opt = std::make_shared<CheckpointBenchOptions>();
-  CLI::App* cmd = bench.add_subcommand(
+  CLI::App* cmd = group.add_subcommand(
       "checkpoint", "Checkpoint save/load GB/s vs plain sequential I/O, and the step-time cost of an async save");
-  cmd->add_flag("--json", opt->json, "Print one JSON object instead of the table");
+  bench::add_json_flag(*cmd, opt->json);
   cmd->add_option("--dir", opt->dir, "Where to write (default: a fresh temporary directory, removed after)");
-  cmd->add_option("--d-model", opt->d_model, "Model width (d_ff = 4 x d_model)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1'000'000));
-  cmd->add_option("--layers", opt->layers, "Transformer blocks")->capture_default_str()->check(CLI::Range(1, 100000));
-  cmd->add_option("--repeats", opt->repeats, "Rounds of save, plain write, load, plain read (best of each)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000));
-  cmd->add_option("--steps", opt->steps, "Steps timed without a save")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 100000));
+  add_model_shape_options(*cmd, opt->shape, false);
+  bench::add_repeats_option(*cmd, opt->repeats, "Rounds of save, plain write, load, plain read (best of each)", 1000);
+  bench::add_steps_option(*cmd, opt->steps, "Steps timed without a save", 100000);
   cmd->callback([opt] { run(*opt); });
 }
 
