@@ -43,8 +43,9 @@ void validate(const ModelConfig& config);
 // that is exactly zero (softmax ignores a shift shared by all scores), and Adam or Lion would turn the
 // rounding noise there into full-size updates, so fp32 and float64 runs could not be compared.
 std::vector<UnitSpec> model_units(const ModelConfig& config);
-// The initial values of `param` as the engine makes them (DESIGN.md §8): CounterRng(seed, hash_name(name)) at
-// each element index, computed in double and stored as float. For trainers that run without the engine.
+// The initial values of `param` as the engine makes them (docs/engine.md, "Init and the cross-rank check"):
+// CounterRng(seed, hash_name(name)) at each element index, computed in double and stored as float. For trainers that
+// run without the engine.
 void init_param(const ParamSpec& param, std::uint64_t seed, std::span<float> out);
 // Total elements of all params of `units`.
 std::size_t total_elems(const std::vector<UnitSpec>& units);
