@@ -1,4 +1,4 @@
-# The test model family (tools/zero3/bench_model.cpp, shared with `zero3 bench engine`) and the unsharded
+# The test model family (tests/model/bench_model.cpp, shared with `zero3 bench engine`) and the unsharded
 # float64 reference trainer the engine's equivalence tests compare against. No engine code: the unit tests
 # of the reference build and run without zero3_engine.
 add_library(zero3_test_model STATIC

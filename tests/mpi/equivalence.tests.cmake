@@ -5,7 +5,7 @@ if(TARGET zero3_engine)
                  NP 1 2 3 4)
 endif()
 
-# `zero3 bench engine` (tools/zero3/cmd_bench.cpp) must run as a plain single process, without mpirun.
+# `zero3 bench engine` (tools/zero3/bench/cmd_bench.cpp) must run as a plain single process, without mpirun.
 if(TARGET zero3)
   get_target_property(zero3_tool_sources zero3 SOURCES)
   if(zero3_tool_sources MATCHES "cmd_bench")
