@@ -1,6 +1,8 @@
-// DeepSpeed's batch rule (DS_CONFIG §1.1): the three batch keys, inference by floor division from the ones
-// given, and train_batch_size == micro batch * gradient accumulation * world size. "auto" is inferred the
-// same way; with nothing to infer from, micro batch and accumulation default to 1 (documented in docs/config.md).
+// DeepSpeed's batch rule (https://www.deepspeed.ai/docs/config-json/ "Batch Size Related Parameters";
+// deepspeed/runtime/config.py, _set_batch_related_parameters and _batch_assertion): the three batch keys, inference by
+// floor division from the ones given, and train_batch_size == micro batch * gradient accumulation * world size. "auto"
+// is inferred the same way; with nothing to infer from, micro batch and accumulation default to 1 (documented in
+// docs/config.md).
 #include <fmt/format.h>
 
 #include "parse_blocks.hpp"

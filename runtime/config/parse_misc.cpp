@@ -1,5 +1,8 @@
-// Top-level scalars (DS_CONFIG §1), fp16 / bf16 (§4) and the small blocks zero3 implements or records:
-// checkpoint, data_types, csv_monitor and the other monitors, activation_checkpointing, flops_profiler (§6).
+// Top-level scalars, fp16 / bf16 ("FP16 training options", "BFLOAT16 training options"; deepspeed/runtime/
+// precision_config.py) and the small blocks zero3 implements or records: checkpoint, data_types, csv_monitor and
+// the other monitors, activation_checkpointing, flops_profiler ("Checkpoint options", "Data Type options",
+// "Monitoring Module", "Activation Checkpointing", "Flops Profiler"), all on
+// https://www.deepspeed.ai/docs/config-json/.
 #include <fmt/format.h>
 
 #include <array>

@@ -1,5 +1,6 @@
-// The optimizer block (DS_CONFIG §2). DeepSpeed passes "params" to the constructor as keyword arguments, so
-// a parameter the type does not take is an error here too. "auto" values become the type's defaults.
+// The optimizer block (https://www.deepspeed.ai/docs/config-json/ "Optimizer Parameters"; deepspeed/runtime/
+// engine.py, _configure_basic_optimizer). DeepSpeed passes "params" to the constructor as keyword arguments,
+// so a parameter the type does not take is an error here too. "auto" values become the type's defaults.
 #include <fmt/format.h>
 
 #include <algorithm>

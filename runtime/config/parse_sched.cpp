@@ -1,4 +1,5 @@
-// The scheduler block (DS_CONFIG §3): the five DeepSpeed schedules with their defaults and required
+// The scheduler block (https://www.deepspeed.ai/docs/config-json/ "Scheduler Parameters";
+// deepspeed/runtime/lr_schedules.py): the five DeepSpeed schedules with their defaults and required
 // params. "auto" comes from what zero3 knows: warmup_max_lr from the optimizer lr, total_num_steps and
 // warmup_num_steps from zero3.run.steps.
 #include <fmt/format.h>

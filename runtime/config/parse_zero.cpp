@@ -1,6 +1,8 @@
-// zero_optimization (with offload_param / offload_optimizer and the deprecated spellings) and aio
-// (DS_CONFIG §5, §6). zero3 runs stage 3 with CPU offload; NVMe, ZeRO++, MiCS, ZenFlow and the other
-// stage-3 variants are accepted and reported as not implemented when switched on.
+// zero_optimization (with offload_param / offload_optimizer and the deprecated spellings) and aio: DeepSpeed's
+// https://www.deepspeed.ai/docs/config-json/ ("ZeRO Optimizations for FP16 Training", "Parameter offloading",
+// "Optimizer offloading", "Asynchronous I/O") and deepspeed/runtime/zero/config.py, offload_config.py. zero3
+// runs stage 3 with CPU offload; NVMe, ZeRO++, MiCS, ZenFlow and the other stage-3 variants are accepted and
+// reported as not implemented when switched on.
 #include <fmt/format.h>
 
 #include "parse_blocks.hpp"

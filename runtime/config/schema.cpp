@@ -34,7 +34,8 @@ constexpr std::string_view kNyiOn = "accepted; not implemented when turned on";
 constexpr std::string_view kStage12 = "stages 1-2 only in DeepSpeed; no effect with stage 3";
 
 constexpr KeySpec kKeys[] = {
-    // ---- top level (DS_CONFIG §1)
+    // Sections in quotes are those of https://www.deepspeed.ai/docs/config-json/.
+    // ---- top level ("Batch Size Related Parameters", "Gradient Clipping", ...; deepspeed/runtime/constants.py)
     {kTop, "train_batch_size", "int > 0", "inferred", S::implemented, A::resolved, "batch rule (§1.1)"},
     {kTop, "train_micro_batch_size_per_gpu", "int > 0", "inferred", S::implemented, A::resolved,
      "batch rule; \"auto\" with nothing to infer from: 1"},
@@ -114,7 +115,7 @@ constexpr KeySpec kKeys[] = {
     {kTop, "expert_parallel", "object", "{}", S::unchecked, A::rejected, "enabled: not implemented"},
     {kTop, "zero3", "object", "{}", S::implemented, A::rejected, "zero3's own settings (not DeepSpeed)"},
 
-    // ---- optimizer (§2)
+    // ---- optimizer ("Optimizer Parameters")
     {kOpt, "type", "string", "required", S::implemented, A::rejected,
      "Adam, AdamW, Lion, Adagrad (any case); other DeepSpeed and torch.optim names: not implemented"},
     {kOpt, "params", "object", "{}", S::implemented, A::rejected, "keys depend on the type"},
@@ -158,7 +159,7 @@ constexpr KeySpec kKeys[] = {
     {kAdagrad, "fused", "bool or null", "null", S::no_effect, A::rejected, "PyTorch kernel choice"},
     {kAdagrad, "max_grad_norm", "-", "-", S::rejected, A::rejected, "DeepSpeed raises: use gradient_clipping"},
 
-    // ---- scheduler (§3)
+    // ---- scheduler ("Scheduler Parameters"; deepspeed/runtime/lr_schedules.py)
     {kSched, "type", "string", "required", S::implemented, A::rejected,
      "case-sensitive; torch.optim.lr_scheduler names: not implemented"},
     {kSched, "params", "object", "{}", S::implemented, A::rejected, "keys depend on the type"},
@@ -207,7 +208,7 @@ constexpr KeySpec kKeys[] = {
     {kRange, "lr_range_test_staircase", "bool", "false", S::implemented, A::rejected, ""},
     {kRange, "last_batch_iteration", "int >= -1", "-1", S::implemented, A::rejected, ""},
 
-    // ---- fp16 / bf16 (§4)
+    // ---- fp16 / bf16 ("FP16 training options", "BFLOAT16 training options")
     {"fp16", "enabled", "bool", "false", S::implemented, A::resolved, "auto: false"},
     {"fp16", "auto_cast", "bool", "false", S::not_implemented, A::ds_default, "true: not implemented"},
     {"fp16", "loss_scale", "number >= 0", "0", S::implemented, A::ds_default, "0: dynamic; > 0: static scale"},
@@ -227,7 +228,7 @@ constexpr KeySpec kKeys[] = {
     {"bf16", "bf16_optimizer_states", "bool", "false", S::not_implemented, A::ds_default,
      "true: not implemented (and needs bf16_master_weights_and_grads)"},
 
-    // ---- zero_optimization (§5)
+    // ---- zero_optimization ("ZeRO Optimizations for FP16 Training", "Parameter offloading", "Optimizer offloading")
     {kZero, "stage", "int 0-3", "0", S::implemented, A::resolved,
      "only 3 is runnable; auto: 3 (DeepSpeed's auto would give 0)"},
     {kZero, "contiguous_gradients", "bool", "true", S::no_effect, A::ds_default,
@@ -354,7 +355,7 @@ constexpr KeySpec kKeys[] = {
     {kLeaf, "names", "string or list of strings", "[]", S::no_effect, A::ds_default, ""},
     {kLeaf, "name_suffixes", "string or list of strings", "[]", S::no_effect, A::ds_default, ""},
 
-    // ---- aio, checkpoint, data_types (§6)
+    // ---- aio, checkpoint, data_types ("Asynchronous I/O", "Checkpoint options", "Data Type options")
     {"aio", "block_size", "int > 0", "1048576", S::no_effect, A::rejected, "NVMe only (bytes)"},
     {"aio", "queue_depth", "int > 0", "8", S::no_effect, A::rejected, "NVMe only"},
     {"aio", "intra_op_parallelism", "int > 0", "1", S::no_effect, A::rejected, "NVMe only"},
@@ -388,7 +389,7 @@ constexpr KeySpec kKeys[] = {
     {"data_types", "buffer_dtype", "dtype string or null", "model dtype", S::implemented, A::rejected,
      "must match the fp16/bf16 mode"},
 
-    // ---- monitors and profilers (§6)
+    // ---- monitors and profilers ("Monitoring Module", "Flops Profiler", "Activation Checkpointing", ...)
     {"csv_monitor", "enabled", "bool", "false", S::implemented, A::ds_default, ""},
     {"csv_monitor", "output_path", "string", "\"\"", S::implemented, A::ds_default, "\"\": the launch directory"},
     {"csv_monitor", "job_name", "string", "\"DeepSpeedJobName\"", S::implemented, A::ds_default, ""},

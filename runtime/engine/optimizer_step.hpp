@@ -1,4 +1,5 @@
-// The optimizer step at an accumulation boundary, in DeepSpeed's ZeRO-3 order (DS_CONFIG §4.4, §5.4):
+// The optimizer step at an accumulation boundary, in DeepSpeed's ZeRO-3 order (deepspeed/runtime/zero/stage3.py:
+// step, _overflow_check_and_loss_scale_update, unscale_and_clip_grads):
 // fp16 overflow check and global norm (one all-reduce, one small host read), loss-scale update and an early
 // return on overflow with every param and state untouched, then unscale and clip folded into the optimizer
 // kernels, the lr schedule advanced. The update itself is behind ShardOptimizer: the device implementation

@@ -1,4 +1,5 @@
-// The float64 reference trainer. Each formula cites the DS_CONFIG.md section it comes from.
+// The float64 reference trainer. Each formula cites the DeepSpeed source it comes from (paths in the DeepSpeed
+// repository).
 #include "reference.hpp"
 
 #include <fmt/format.h>
@@ -43,7 +44,7 @@ std::vector<double> reference_init(const ParamSpec& param, std::uint64_t seed) {
   return v;
 }
 
-// ---- §3 LR schedules ----------------------------------------------------------------------------------
+// ---- LR schedules (deepspeed/runtime/lr_schedules.py) -------------------------------------------------
 namespace {
 
 // WarmupLR / WarmupDecayLR warmup factor; N = max(2, warmup_num_steps).
@@ -143,7 +144,7 @@ RefLr reference_lr(const config::Config& config, std::int64_t t) {
   return {base, std::nullopt};
 }
 
-// ---- §4.2 loss scaling --------------------------------------------------------------------------------
+// ---- loss scaling (DynamicLossScaler, deepspeed/runtime/fp16/loss_scaler.py) --------------------------
 
 RefLossScaler::RefLossScaler(const config::Config& config) {
   if (!config.fp16.enabled) return;  // bf16 / fp32: a static scale of 1
@@ -287,7 +288,7 @@ RefStep ReferenceTrainer::step(bool overflow) {
 
   r.loss_scale = scaler_.scale();
   ++global_step_;
-  if (overflow && config_.fp16.enabled) {  // ZeRO-3 checks fp16 only (§4.2)
+  if (overflow && config_.fp16.enabled) {  // ZeRO-3 checks fp16 only (deepspeed/runtime/zero/stage3.py)
     scaler_.update(true);
     ++skipped_;
     r.applied = false;
@@ -297,7 +298,8 @@ RefStep ReferenceTrainer::step(bool overflow) {
     return r;
   }
 
-  // §4.4: global norm over trainable params; c = max(1, (N + 1e-6) / clip).
+  // unscale_and_clip_grads (deepspeed/runtime/zero/stage3.py): global norm over trainable params;
+  // c = max(1, (N + 1e-6) / clip).
   double sq = 0.0;
   for (const auto& [name, p] : params_) {
     if (!p.spec.trainable) continue;
@@ -318,7 +320,8 @@ RefStep ReferenceTrainer::step(bool overflow) {
   return r;
 }
 
-// §2: one optimizer step of one param, in float64.
+// One optimizer step of one param, in float64: DeepSpeed's CPU Adam, Lion and Adagrad (csrc/adam/cpu_adam_impl.cpp,
+// csrc/lion/cpu_lion_impl.cpp, csrc/adagrad/cpu_adagrad.cpp).
 void ReferenceTrainer::update(Param& p, const RefLr& sched, double grad_mult) {
   const config::OptimizerConfig& o = *config_.optimizer;
   const double lr = sched.lr * p.spec.lr_scale;

@@ -1,9 +1,12 @@
 // The unsharded float64 reference the engine is tested against. It trains the test model (tests/model/
 // model.hpp, Network<double>) on the whole global batch of each step in one process, with its own
-// implementations of everything the engine does around the model, written from DS_CONFIG.md and not from
-// the engine's code: parameter init (§8 of DESIGN.md: CounterRng per name, stored in fp32), Adam/AdamW,
-// Lion and Adagrad (§2), the five LR schedules (§3), the dynamic loss scaler (§4.2) and gradient clipping
-// (§4.4). Frozen params, weight_decay=false and lr_scale are honoured as ParamSpec describes them.
+// implementations of everything the engine does around the model, written from DeepSpeed's source (paths in
+// the DeepSpeed repository) and not from the engine's code: parameter init (docs/engine.md, "Init and the
+// cross-rank check": CounterRng per name, stored in fp32), Adam/AdamW, Lion and Adagrad (csrc/adam, csrc/lion,
+// csrc/adagrad), the five LR schedules (deepspeed/runtime/lr_schedules.py), the dynamic loss scaler
+// (deepspeed/runtime/fp16/loss_scaler.py) and gradient clipping (unscale_and_clip_grads in
+// deepspeed/runtime/zero/stage3.py). Frozen params, weight_decay=false and lr_scale are honoured as ParamSpec
+// describes them.
 // Plain single-threaded values.
 #pragma once
 
@@ -27,14 +30,15 @@ namespace zero3::test {
 std::vector<double> reference_init(const ParamSpec& param, std::uint64_t seed);
 
 // The lr (and, for OneCycle with cycle_momentum, the betas) a schedule gives at iteration t (t = -1: as
-// constructed), from DS_CONFIG.md §3. No scheduler block: the optimizer's lr.
+// constructed), from deepspeed/runtime/lr_schedules.py. No scheduler block: the optimizer's lr.
 struct RefLr {
   double lr = 0.0;
   std::optional<std::array<double, 2>> betas;
 };
 RefLr reference_lr(const config::Config& config, std::int64_t t);
 
-// DeepSpeed's DynamicLossScaler.update_scale (DS_CONFIG.md §4.2), or a static scale; 1 without fp16.
+// DeepSpeed's DynamicLossScaler.update_scale (deepspeed/runtime/fp16/loss_scaler.py), or a static scale; 1
+// without fp16.
 class RefLossScaler {
  public:
   explicit RefLossScaler(const config::Config& config);

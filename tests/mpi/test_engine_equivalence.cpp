@@ -303,7 +303,7 @@ TEST_CASE("LR schedules: the lr of every step equals the DeepSpeed formula", "[e
     ConfigText text;
     text.optimizer = c.optimizer;
     text.scheduler = c.scheduler;
-    // run_and_compare checks StepResult.lr of every step against reference_lr (DS_CONFIG.md §3).
+    // run_and_compare checks StepResult.lr of every step against reference_lr (deepspeed/runtime/lr_schedules.py).
     run_and_compare(fmt::format("fp32 {}", c.name), text, mc, model::model_units(mc), kFp32);
   }
 }

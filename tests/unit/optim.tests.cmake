@@ -1,5 +1,5 @@
-# LR schedules and the fp16 loss scaler against DS_CONFIG §3 and §4.2; and `zero3 config lr-schedule` end to
-# end on the shipped configs/.
+# LR schedules and the fp16 loss scaler against DeepSpeed's (deepspeed/runtime/lr_schedules.py,
+# deepspeed/runtime/fp16/loss_scaler.py); and `zero3 config lr-schedule` end to end on the shipped configs/.
 zero3_unit_test(optim
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_lr_schedule.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_loss_scaler.cpp

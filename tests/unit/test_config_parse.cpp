@@ -1,5 +1,6 @@
 // Valid configs parse to the typed values DeepSpeed would use. Every expected value below is worked out by
-// hand from the config text and DS_CONFIG.md (defaults, batch rule, HF formulas), not copied from output.
+// hand from the config text, DeepSpeed's defaults and batch rule (https://www.deepspeed.ai/docs/config-json/,
+// deepspeed/runtime/config.py) and the HF formulas of docs/config.md, not copied from output.
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
@@ -46,7 +47,7 @@ TEST_CASE("DeepSpeedExamples-style config with explicit values", "[config][valid
   CHECK(c.optimizer->betas[1] == 0.999);
   CHECK(c.optimizer->eps == 1e-8);
   CHECK(c.optimizer->weight_decay == 3e-7);
-  CHECK(c.optimizer->decoupled_weight_decay);  // Adam with adam_w_mode absent is AdamW (§2.3)
+  CHECK(c.optimizer->decoupled_weight_decay);  // Adam with adam_w_mode absent is AdamW (DeepSpeed)
   REQUIRE(c.scheduler);
   CHECK(c.scheduler->type == SchedulerType::warmup_lr);
   CHECK(c.scheduler->warmup_min_lr == 0.0);

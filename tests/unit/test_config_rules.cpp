@@ -32,7 +32,8 @@ TEST_CASE("batch rule: each inference row of DeepSpeed's table", "[config][batch
     const char* inferred_path;  // a key that was inferred, or ""
     const char* how;
   };
-  // World size 2 throughout; the expected values are the floor divisions of DS_CONFIG §1.1.
+  // World size 2 throughout; the expected values are the floor divisions of DeepSpeed's batch rule
+  // (deepspeed/runtime/config.py, _set_batch_related_parameters).
   const Row rows[] = {
       {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2)", 16, 4, 2, "",
        ""},
@@ -71,7 +72,7 @@ TEST_CASE("batch rule: each inference row of DeepSpeed's table", "[config][batch
 }
 
 TEST_CASE("batch rule: failures name every factor and the world size's origin", "[config][batch]") {
-  SECTION("tb=32, mb=3, W=2 (DS_CONFIG's example)") {
+  SECTION("tb=32, mb=3, W=2 (floor division gives 30 != 32)") {
     const ParseResult r = parse(with_batch(R"("train_batch_size": 32, "train_micro_batch_size_per_gpu": 3)"), 2);
     REQUIRE(r.errors.size() == 1);
     CHECK(format_diagnostic("error", r.errors[0]) ==

@@ -1,5 +1,6 @@
-// LossScaler against DS_CONFIG.md §4.2. Each scripted overflow sequence comes with the scale after every
-// update, traced by hand from the algorithm's text (the trace is in the comments), not from the code.
+// LossScaler against DeepSpeed's DynamicLossScaler.update_scale (deepspeed/runtime/fp16/loss_scaler.py). Each
+// scripted overflow sequence comes with the scale after every update, traced by hand from the algorithm
+// (docs/optim.md; the trace is in the comments), not from the code.
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>

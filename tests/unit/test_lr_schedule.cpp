@@ -1,6 +1,6 @@
-// LR schedules against DS_CONFIG.md §3. Every expected value comes from a reference written here from the
-// document's formulas in long double (a different operation order from the code under test, hence the
-// relative tolerance), or from a table worked out by hand; none is copied from the code's output.
+// LR schedules against DeepSpeed's deepspeed/runtime/lr_schedules.py. Every expected value comes from a reference
+// written here from its formulas (docs/optim.md) in long double (a different operation order from the code under test,
+// hence the relative tolerance), or from a table worked out by hand; none is copied from the code's output.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -46,7 +46,7 @@ OptimizerConfig adamw(double lr) {
   return o;
 }
 
-// ---- references, from DS_CONFIG §3 ----
+// ---- references, from deepspeed/runtime/lr_schedules.py ----
 
 long double warmup_fraction(std::int64_t t, std::int64_t n, WarmupType type) {
   if (type == WarmupType::log) return std::log(static_cast<long double>(t + 1)) / std::log(static_cast<long double>(n));

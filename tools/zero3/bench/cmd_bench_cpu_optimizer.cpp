@@ -1,4 +1,4 @@
-// `zero3 bench cpu-optimizer`: zero3's fused CPU optimizer step (offload/cpu_optimizer.hpp) timed side by
+// `zero3 bench cpu-optimizer`: zero3's fused CPU optimizer step (zero3/offload/cpu_optimizer.hpp) timed side by
 // side with its memory bound (the same loads and stores, trivial arithmetic) and with the unfused pass
 // sequence DeepSpeed runs for a 16-bit ZeRO-Offload step (grad norm, unscale + clip, optimizer, cast),
 // all three on one thread pool, one tiling and one SIMD path, repeats interleaved; optionally next to

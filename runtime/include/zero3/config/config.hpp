@@ -51,7 +51,7 @@ struct OptimizerConfig {
   double eps = 1e-8;                        // Adam, AdamW; Adagrad default 1e-10
   double weight_decay = 0.0;
   bool bias_correction = true;         // Adam, AdamW
-  bool decoupled_weight_decay = true;  // AdamW-style decay: type == AdamW || params.adam_w_mode (DS_CONFIG §2.3)
+  bool decoupled_weight_decay = true;  // AdamW-style decay: type == AdamW || params.adam_w_mode (DeepSpeed's engine.py)
   bool fp32_optimizer_states = true;   // CPU optimizers keep moments in fp32
   bool torch_adam = false;             // accepted; zero3 has one Adam implementation
   bool set_grad_none = true;           // accepted; no effect in zero3
@@ -93,7 +93,7 @@ struct SchedulerConfig {
   bool lr_range_test_staircase = false;
 };
 
-// fp16 block. loss_scale 0 selects dynamic loss scaling (DS_CONFIG §4.2).
+// fp16 block. loss_scale 0 selects dynamic loss scaling (deepspeed/runtime/fp16/loss_scaler.py).
 struct Fp16Config {
   bool enabled = false;
   bool auto_cast = false;
@@ -141,7 +141,8 @@ struct OffloadConfig {
   }
 };
 
-// zero_optimization block (DS_CONFIG §5). Names follow the stage-3 spellings without the "stage3_" prefix.
+// zero_optimization block (deepspeed/runtime/zero/config.py). Names follow the stage-3 spellings without the
+// "stage3_" prefix.
 struct ZeroConfig {
   int stage = 0;
   bool contiguous_gradients = true;

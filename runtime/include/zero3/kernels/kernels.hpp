@@ -62,7 +62,8 @@ class KernelBackend {
   // args.grad_scale (unscale and clip folded in), updates the fp32 master weights and the optimizer state
   // in place, and writes the new low-precision copy of the weights into `param` (skipped when param is
   // empty, or converted to param's dtype otherwise). All views have the same count; master and state are
-  // fp32. Formulas are DeepSpeed's (DS_CONFIG.md §2) and are spelled out in docs/kernels.md.
+  // fp32. Formulas are DeepSpeed's CPU optimizers' (csrc/adam/cpu_adam_impl.cpp, csrc/lion/cpu_lion_impl.cpp,
+  // csrc/adagrad/cpu_adagrad.cpp in the DeepSpeed repository) and are spelled out in docs/kernels.md.
   virtual void adam_step(Stream& stream, const AdamArgs& args, BufferView master, BufferView exp_avg,
                          BufferView exp_avg_sq, ConstBufferView grad, BufferView param) const = 0;
   virtual void lion_step(Stream& stream, const LionArgs& args, BufferView master, BufferView exp_avg,

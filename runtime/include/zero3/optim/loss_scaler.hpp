@@ -1,7 +1,7 @@
-// Loss scaling for fp16: DeepSpeed's dynamic algorithm reproduced exactly (DS_CONFIG.md §4.2: window,
-// hysteresis, consecutive_hysteresis, min_loss_scale and the error when an overflow hits the minimum), or
-// a static scale. bf16 and fp32 use a static scale of 1. update() is called once per optimizer step at the
-// accumulation boundary, overflow steps included. Plain value type, copyable for checkpoints.
+// Loss scaling for fp16: DeepSpeed's dynamic algorithm reproduced exactly (DynamicLossScaler.update_scale in
+// deepspeed/runtime/fp16/loss_scaler.py: window, hysteresis, consecutive_hysteresis, min_loss_scale and the error when
+// an overflow hits the minimum), or a static scale. bf16 and fp32 use a static scale of 1. update() is called once per
+// optimizer step at the accumulation boundary, overflow steps included. Plain value type, copyable for checkpoints.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // DeepSpeed's learning-rate schedules (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest) with
-// their exact formulas and quirks (DS_CONFIG.md §3), evaluated in double in DeepSpeed's operation order so
-// the values match its Python floats bit for bit. A schedule is built at iteration `last_batch_iteration`
+// their exact formulas and quirks (deepspeed/runtime/lr_schedules.py), evaluated in double in DeepSpeed's operation
+// order so the values match its Python floats bit for bit. A schedule is built at iteration `last_batch_iteration`
 // (-1 for a fresh run) and advanced once per *applied* optimizer step: steps skipped for fp16 overflow do not
 // advance it. So applied step k of a fresh run uses the values at iteration k - 2 (step 1 uses the
 // constructor's values, at iteration -1). Plain values; not thread-safe. Details: docs/optim.md.
