@@ -404,22 +404,6 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
 
 // ---------------------------------------------------------------- Engine
 
-std::string_view tensor_kind_name(TensorKind kind) {
-  switch (kind) {
-    case TensorKind::param:
-      return "param";
-    case TensorKind::master:
-      return "master";
-    case TensorKind::exp_avg:
-      return "exp_avg";
-    case TensorKind::exp_avg_sq:
-      return "exp_avg_sq";
-    case TensorKind::grad:
-      return "grad";
-  }
-  return "?";
-}
-
 Engine::Engine(const config::Config& config, const comm::World& world, EngineResources resources)
     : impl_(std::make_unique<Impl>(config, world, std::move(resources))) {}
 
@@ -513,6 +497,12 @@ Device& Engine::device() {
 }
 comm::Communicator& Engine::communicator() {
   return *impl_->communicator;
+}
+std::shared_ptr<comm::Bootstrap> Engine::bootstrap() const {
+  return impl_->bootstrap;
+}
+EngineState Engine::state() {
+  return EngineState(this);
 }
 const config::Config& Engine::config() const {
   return impl_->config;

@@ -1,6 +1,7 @@
 // Engine::Impl: what one Engine owns, in lifetime order (members are destroyed in reverse, so the device
 // outlives every buffer, and the streams are drained before the buffers their work uses go away).
-// engine.cpp implements the public class on top of it. Engine thread only.
+// engine.cpp implements the public class on top of it, engine_state.cpp the EngineState view. Engine
+// thread only.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,12 @@ struct Engine::Impl {
   std::size_t unit_or_throw(std::string_view call, std::string_view name) const;
   std::size_t param_of_unit(std::size_t unit, std::string_view name, std::string_view what) const;
   void keep_error(std::exception_ptr error) noexcept;
+  // EngineState's calls that move state: finalize() has run, at an accumulation boundary, no scope open.
+  void check_boundary(std::string_view call) const;
+  // The pieces holding `kind` of `slice` (`shard_pieces` for TensorKind::param), or throws naming what is
+  // missing (gradients, a frozen param's optimizer state, a state the optimizer lacks).
+  const engine::StatePieces& state_source(TensorKind kind, const ParamSlice& slice, bool frozen,
+                                          const engine::StatePieces& shard_pieces, std::string_view call) const;
 
   // ---- scopes
   struct OpenScope {

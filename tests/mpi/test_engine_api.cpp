@@ -377,6 +377,55 @@ TEST_CASE("API misuse is a UsageError naming the unit or param", "[engine][error
   CHECK(ea->gather_tensor("u.w", TensorKind::exp_avg_sq).size() == 300);  // the sum of squared gradients
 }
 
+TEST_CASE("engine accessors: bootstrap and the state view", "[engine]") {
+  auto e = make_engine(ConfigText{});
+  CHECK(e->bootstrap() == env().bootstrap);
+  check_throws<UsageError>([&] { (void)e->state().local_slices(true); }, {"finalize"});
+  declare(*e, {flat_unit("a", 100)});
+  const EngineState state = e->state();
+  CHECK(state.keeps_state(TensorKind::exp_avg));
+  CHECK(state.training_state().global_step == 0);
+  std::uint64_t kept = 0;
+  for (const ParamSlice& s : state.local_slices(false)) kept += s.count;
+  CHECK(kept <= 100);
+}
+
+// Host compute on the compute stream, as engine.hpp and docs/engine.md show it: every read of a scope's
+// memory is a launch_host function enqueued while the scope is open.
+TEST_CASE("host compute through launch_host sees the gathered params and writes the gradients", "[engine][host]") {
+  if (test::test_device_kind() != DeviceKind::host) return;  // host functions cannot read device memory
+  ConfigText text;
+  text.zero = R"("stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0)";
+  auto e = make_engine(text);
+  declare(*e, {flat_unit("fc", 1000)});
+  Engine& engine = *e;
+  double loss = 0.0;
+  {
+    auto g = engine.gather("fc");
+    const BufferView w = g.param("fc.w");
+    engine.compute_stream().launch_host([w, &loss] {  // runs once the gather has landed
+      const float* x = w.as<const float>();
+      for (std::size_t i = 0; i < w.count; ++i) loss += 0.5 * x[i] * x[i];
+    });
+    auto gr = engine.grads("fc");
+    const BufferView dw = gr.grad("fc.w");
+    engine.compute_stream().launch_host([w, dw, m = engine.loss_multiplier()] {  // after the zero fill
+      for (std::size_t i = 0; i < dw.count; ++i) dw.as<float>()[i] = static_cast<float>(m) * w.as<const float>()[i];
+    });
+  }
+  engine.compute_stream().synchronize();
+  const std::vector<float> w = engine.gather_tensor("fc.w", TensorKind::param);
+  double expected_loss = 0.0;
+  for (const float x : w) expected_loss += 0.5 * x * x;
+  CHECK(loss == expected_loss);
+  const std::vector<float> grad = engine.gather_tensor("fc.w", TensorKind::grad);  // the mean over ranks of w
+  REQUIRE(grad.size() == w.size());
+  int bad = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) bad += std::fabs(grad[i] - w[i]) > 1e-6f * std::fabs(w[i]) ? 1 : 0;
+  CHECK(bad == 0);
+  CHECK(engine.step().applied);
+}
+
 // ------------------------------------------------------------------------------------------------ gathers
 
 namespace {
