@@ -18,6 +18,7 @@
 #include "layout.hpp"
 #include "offload_optimizer.hpp"
 #include "optimizer_step.hpp"
+#include "wiring.hpp"
 #include "zero3/engine/engine.hpp"
 
 namespace zero3 {
@@ -54,8 +55,17 @@ struct Engine::Impl {
   void close_scope(std::uint64_t token);
   std::string describe_scope(const OpenScope& s) const;
 
+  void add_unit(UnitSpec unit);
   void finalize();
+  // finalize()'s parts: the offload budget check (and the OffloadHost), the optimizer, and the components.
+  void check_offload_budget(const engine::Layout& built);
+  std::unique_ptr<engine::ShardOptimizer> make_optimizer(const engine::Layout& built);
+  // What the components share, every member named (after `layout` is set); finalize() builds it once.
+  engine::Wiring make_wiring();
+  void log_finalized() const;
   StepResult step();
+  // step() at the accumulation boundary: the optimizer and the window's statistics.
+  void step_boundary(StepResult& r);
   std::vector<float> gather_tensor(std::string_view param, TensorKind kind);
 
   config::Config config;
