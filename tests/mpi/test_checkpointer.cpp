@@ -263,7 +263,7 @@ ParamSpec spec(std::string name, std::vector<std::int64_t> shape, bool trainable
   ParamSpec p;
   p.name = std::move(name);
   p.shape = std::move(shape);
-  p.init = ParamInit::normal(0.5);
+  p.init = ParamInit::normal({.std = 0.5});
   p.trainable = trainable;
   return p;
 }
@@ -294,7 +294,7 @@ std::vector<UnitSpec> transformer_units(const model::ModelConfig& mc, bool froze
 // checkpoint's values for every param, frozen ones included, not the ones it started with.
 std::vector<UnitSpec> reinitialized(std::vector<UnitSpec> units) {
   for (UnitSpec& u : units) {
-    for (ParamSpec& p : u.params) p.init = ParamInit::uniform(-1.0, 1.0);
+    for (ParamSpec& p : u.params) p.init = ParamInit::uniform({.low = -1.0, .high = 1.0});
   }
   return units;
 }
@@ -916,7 +916,7 @@ TEST_CASE("a save through a 1-byte staging area is complete and loads exactly", 
     const std::unique_ptr<Engine> dst = make_engine(cfg, [&] {
       std::vector<UnitSpec> u = units;
       for (UnitSpec& unit : u) {
-        for (ParamSpec& p : unit.params) p.init = ParamInit::uniform(-3.0, 3.0);
+        for (ParamSpec& p : unit.params) p.init = ParamInit::uniform({.low = -3.0, .high = 3.0});
       }
       return u;
     }());

@@ -9,7 +9,7 @@
 // traced in the first step, on a communication stream, and joined to the compute stream with events.
 //
 //   zero3::Engine engine(config, world);  // a parsed zero3::config::Config, zero3::comm::World
-//   engine.add_unit({"fc", {{"fc.weight", {out, in}, zero3::ParamInit::normal(0.02)}}});
+//   engine.add_unit({"fc", {{"fc.weight", {out, in}, zero3::ParamInit::normal({.std = 0.02})}}});
 //   engine.finalize();                    // collective: partitions and initializes the shards
 //   for (;;) {                            // one micro-batch
 //     {                                   // forward
@@ -78,7 +78,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Before finalize(). Duplicate unit or param names, and calls after finalize(), throw UsageError naming them.
+  // Before finalize(). Duplicate unit or param names, invalid shapes or inits (a negative or non-finite
+  // normal std, uniform low > high, ...), and calls after finalize(), throw UsageError naming them.
   void add_unit(UnitSpec unit);
   // Collective. Partitions every unit (flat layout padded to world size x alignment; persistent units
   // whole on every rank), allocates and initializes this rank's shards, and checks that all ranks agree
