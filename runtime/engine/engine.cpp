@@ -193,6 +193,7 @@ void Engine::Impl::close_scope(std::uint64_t token) {
   scopes.erase(it);
   timeline->end(*compute, s.compute_interval);
   if (s.grad) {
+    backward_since_step = true;
     reducer->reduce(s.unit, std::move(s.grads));
   } else {
     coordinator->release(s.unit);
@@ -341,6 +342,16 @@ StepResult Engine::Impl::step() {
     for (const OpenScope& s : scopes) open += (open.empty() ? "" : ", ") + describe_scope(s);
     throw UsageError(fmt::format("step() with scopes still open ({}); close them first", open));
   }
+  if (!backward_since_step) {
+    throw UsageError(fmt::format(
+        "step() with no gradient scope closed since the last step() (or finalize()): call step() once per "
+        "micro-batch, after its backward (engine.grads(unit) for the units it trains, closed); this step() would {}",
+        config.batch.gradient_accumulation_steps == 1
+            ? "move the weights on zero gradients"
+            : fmt::format("shift the accumulation window (gradient_accumulation_steps {}, micro-step {} of it)",
+                          config.batch.gradient_accumulation_steps, micro_steps + 1)));
+  }
+  backward_since_step = false;
   StepResult r;
   r.loss_scale = optimizer_step->loss_scale();
   r.next_loss_scale = r.loss_scale;

@@ -104,6 +104,8 @@ struct Engine::Impl {
   std::exception_ptr kept_error;
   EngineStats stats;
   std::int64_t micro_steps = 0;  // in the current accumulation window
+  // A GradScope was closed since the last step() (or finalize()): step() refuses to run without one.
+  bool backward_since_step = false;
   std::int64_t global_step = 0;
   std::int64_t skipped_steps = 0;
 };

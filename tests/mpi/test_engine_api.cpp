@@ -439,6 +439,48 @@ TEST_CASE("ParamInit takes named arguments, and add_unit refuses inits that cann
   CHECK(bitwise_equal(e->gather_tensor("fine.point", TensorKind::master), std::vector<float>(8, 2.0f)));
 }
 
+TEST_CASE("step() needs a closed GradScope since the last step()", "[engine][errors][step]") {
+  for (const int gas : {1, 2}) {
+    DYNAMIC_SECTION("gradient_accumulation_steps " << gas) {
+      ConfigText text;
+      text.gas = gas;
+      text.zero = R"("stage3_param_persistence_threshold": 0)";
+      auto e = make_engine(text);
+      declare(*e, {flat_unit("a", 300), unit("f", {param("f.w", {40}, ParamInit::ones(), /*trainable=*/false)})});
+      const std::vector<float> before = e->gather_tensor("a.w", TensorKind::master);
+      // Right after finalize(), with nothing done.
+      check_throws<UsageError>([&] { e->step(); },
+                               {"step() with no gradient scope closed since the last step()", "once per micro-batch"});
+      // A forward alone is not a backward.
+      { auto g = e->gather("a"); }
+      check_throws<UsageError>([&] { e->step(); }, {"no gradient scope closed"});
+      // A micro-batch, then step() twice in a row: the second is refused and changes nothing.
+      for (int micro = 0; micro < gas; ++micro) {
+        forward_backward(*e, {"a", "f"}, micro);
+        const StepResult r = e->step();
+        CHECK(r.boundary == (micro == gas - 1));
+        check_throws<UsageError>([&] { e->step(); },
+                                 {"no gradient scope closed",
+                                  gas == 1 ? "move the weights on zero gradients" : "shift the accumulation window"});
+      }
+      CHECK(e->global_step() == 1);
+      const std::vector<float> after = e->gather_tensor("a.w", TensorKind::master);
+      CHECK_FALSE(bitwise_equal(before, after));
+      // A micro-batch whose backward reaches frozen units only still opens (empty) GradScopes for them.
+      for (int micro = 0; micro < gas; ++micro) {
+        auto g = e->gather("f");
+        auto gr = e->grads("f");
+        check_throws<UsageError>([&] { (void)gr.grad("f.w"); }, {"frozen"});
+        gr.close();
+        g.close();
+        CHECK(e->step().boundary == (micro == gas - 1));
+      }
+      CHECK(e->global_step() == 2);
+      CHECK(e->stats().last_step_reduce_scatter_elems == 0);
+    }
+  }
+}
+
 TEST_CASE("engine accessors: bootstrap and the state view", "[engine]") {
   auto e = make_engine(ConfigText{});
   CHECK(e->bootstrap() == env().bootstrap);

@@ -94,6 +94,7 @@ class Engine {
   // In backward, with the unit's GatherScope open: zero-filled full-size gradient buffers (compute dtype)
   // of the unit's trainable params. Closing the scope reduce-scatters them (bucketed, on the communication
   // stream, after the work enqueued on compute_stream() so far) into this rank's gradient accumulator.
+  // A unit without trainable params gives a scope with no buffers (it still counts as a backward for step()).
   GradScope grads(std::string_view unit);
   // Gathers opened while the returned scope lives are made on demand, outside the traced gather order: for
   // a forward-only pass between training steps (held-out loss), which must neither disturb the prefetch
@@ -104,10 +105,12 @@ class Engine {
   double loss_multiplier() const;
   double loss_scale() const;
 
-  // Call once per micro-batch, after its backward. At the accumulation boundary: waits for the
-  // reductions, checks fp16 gradients for Inf/NaN (all ranks agree; an overflow skips the step with every
-  // param and optimizer state untouched), computes the global norm (one all-reduce), clips, runs the
-  // optimizer, writes the new low-precision shards, advances the lr schedule and the loss scale.
+  // Call once per micro-batch, after its backward: UsageError when no GradScope was closed since the last
+  // step() (or finalize()), e.g. step() twice in a row, which would shift the accumulation window. At the
+  // accumulation boundary: waits for the reductions, checks fp16 gradients for Inf/NaN (all ranks agree; an
+  // overflow skips the step with every param and optimizer state untouched), computes the global norm (one
+  // all-reduce), clips, runs the optimizer, writes the new low-precision shards, advances the lr schedule
+  // and the loss scale.
   StepResult step();
 
   // Collective: the full tensor of `param` as fp32 on every rank (for tests, reports and export; it
