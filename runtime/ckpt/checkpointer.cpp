@@ -95,10 +95,10 @@ TrainingState training_state_from_json(const Json& j, const std::string& source)
 }
 
 // The kinds a checkpoint of this engine holds, in file order.
-std::vector<TensorKind> saved_kinds(const Engine& engine) {
+std::vector<TensorKind> saved_kinds(const EngineState& state) {
   std::vector<TensorKind> kinds{TensorKind::param, TensorKind::master};
   for (const TensorKind k : {TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
-    if (engine.keeps_state(k)) kinds.push_back(k);
+    if (state.keeps_state(k)) kinds.push_back(k);
   }
   return kinds;
 }
@@ -245,10 +245,10 @@ struct Checkpointer::Impl {
   }
 
   void snapshot(Flight& f) {
-    const std::vector<ParamSlice> slices = engine.local_slices(/*owned=*/true);
+    const std::vector<ParamSlice> slices = engine.state().local_slices(/*owned=*/true);
     const DType param_dtype = engine.config().model_dtype();
     const std::size_t max_block = block_bytes();
-    for (const TensorKind kind : saved_kinds(engine)) {
+    for (const TensorKind kind : saved_kinds(engine.state())) {
       const DType dtype = kind == TensorKind::param ? param_dtype : DType::f32;
       const std::size_t elem = size_of(dtype);
       const std::uint64_t per_block = std::max<std::uint64_t>(1, max_block / elem);
@@ -260,8 +260,8 @@ struct Checkpointer::Impl {
           Block b{s.param, kind, dtype, s.first + done, n, take_storage(f), n * elem};
           if (!b.storage) return;
           const ParamSlice part{s.param, s.first + done, n, s.trainable};
-          engine.read_state(kind, std::span<const ParamSlice>(&part, 1),
-                            std::span<std::byte>(b.storage.get(), b.bytes));
+          engine.state().read_state(kind, std::span<const ParamSlice>(&part, 1),
+                                    std::span<std::byte>(b.storage.get(), b.bytes));
           if (!push(f, std::move(b))) return;
           done += n;
         } while (done < s.count);
@@ -287,7 +287,7 @@ struct Checkpointer::Impl {
     f->tag = tag;
     f->step = step;
     f->trainer_state = trainer_state;
-    f->training = engine.training_state();
+    f->training = engine.state().training_state();
     f->started = Clock::now();
     Flight& fr = *f;
     flight = std::move(f);
@@ -402,7 +402,7 @@ struct Checkpointer::Impl {
     result.saved_world_size = m.world_size;
     result.trainer_state = m.state.value("trainer", Json::object());
     try {
-      const std::vector<ParamSlice> slices = engine.local_slices(/*owned=*/false);
+      const std::vector<ParamSlice> slices = engine.state().local_slices(/*owned=*/false);
       const DType param_dtype = engine.config().model_dtype();
       const std::size_t max_block = block_bytes();
       // One block of storage for the whole load (uninitialized: reads fill what is used).
@@ -418,7 +418,7 @@ struct Checkpointer::Impl {
         const ParamSlice* slice;
       };
       std::vector<Run> order;
-      for (const TensorKind kind : saved_kinds(engine)) {
+      for (const TensorKind kind : saved_kinds(engine.state())) {
         for (const ParamSlice& s : slices) {
           if (kind == TensorKind::param || s.trainable) order.push_back({kind, &s});
         }
@@ -432,14 +432,14 @@ struct Checkpointer::Impl {
           ahead_bytes += r.slice->count * (r.kind == TensorKind::param ? size_of(param_dtype) : sizeof(float));
         }
       };
-      for (const TensorKind kind : saved_kinds(engine)) {
+      for (const TensorKind kind : saved_kinds(engine.state())) {
         const DType dtype = kind == TensorKind::param ? param_dtype : DType::f32;
         const std::size_t elem = size_of(dtype);
         std::vector<ParamSlice> batch;
         std::size_t used = 0;
         const auto flush = [&] {
           if (batch.empty()) return;
-          engine.write_state(kind, batch, std::span<const std::byte>(block.get(), used));
+          engine.state().write_state(kind, batch, std::span<const std::byte>(block.get(), used));
           batch.clear();
           used = 0;
         };
@@ -461,7 +461,7 @@ struct Checkpointer::Impl {
         }
         flush();
       }
-      engine.restore_training_state(
+      engine.state().restore_training_state(
           training_state_from_json(m.state.at("engine"), (reader->dir() / "manifest.json").string()));
     } catch (const std::exception& e) {
       error = e.what();

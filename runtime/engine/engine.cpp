@@ -193,6 +193,7 @@ void Engine::Impl::close_scope(std::uint64_t token) {
   scopes.erase(it);
   timeline->end(*compute, s.compute_interval);
   if (s.grad) {
+    backward_since_step = true;
     reducer->reduce(s.unit, std::move(s.grads));
   } else {
     coordinator->release(s.unit);
@@ -200,34 +201,72 @@ void Engine::Impl::close_scope(std::uint64_t token) {
   if (!order_error.empty()) throw UsageError(order_error);
 }
 
-void Engine::Impl::finalize() {
-  check_call("finalize", false);
-  engine::Layout built = engine::build_layout(specs, world.size, world.rank, config.zero);
+void Engine::Impl::add_unit(UnitSpec unit) {
+  if (kept_error) std::rethrow_exception(std::exchange(kept_error, nullptr));
+  if (layout) {
+    throw UsageError(
+        fmt::format("add_unit('{}') after finalize(): the model is partitioned once; declare every unit "
+                    "before finalize()",
+                    unit.name));
+  }
+  engine::validate_unit_spec(unit);
+  if (unit_names.contains(unit.name)) {
+    throw UsageError(fmt::format("add_unit: a unit named '{}' was already declared", unit.name));
+  }
+  std::unordered_set<std::string> mine;
+  for (const ParamSpec& p : unit.params) {
+    if (param_names.contains(p.name) || !mine.insert(p.name).second) {
+      throw UsageError(fmt::format("add_unit('{}'): a param named '{}' was already declared", unit.name, p.name));
+    }
+  }
+  unit_names.insert(unit.name);
+  param_names.insert(mine.begin(), mine.end());
+  specs.push_back(std::move(unit));
+}
+
+void Engine::Impl::check_offload_budget(const engine::Layout& built) {
   const config::ZeroConfig& zero = config.zero;
   const bool offload_params = zero.offload_param.device == OffloadDevice::cpu;
   const bool offload_optimizer = zero.offload_optimizer.device == OffloadDevice::cpu;
-  if (offload_params || offload_optimizer) {
-    // Everything offload will take from host memory is checked against the budget before any of it (or
-    // anything else) is allocated.
-    const engine::HostFootprint need =
-        engine::offload_footprint(config, built, dtype, comm_dtype, /*params_on_device=*/!offload_params);
-    offload::PinnedRequest request;
-    request.pinned_bytes = need.pinned_bytes;
-    request.pageable_bytes = need.pageable_bytes;
-    request.ranks_on_node = world.local_size;
-    request.pinning_uses_mlock = device->kind() == DeviceKind::host;
-    request.budget_gb = config.zero3.pinned_memory_budget_gb;
-    const offload::PinnedBudget budget = offload::check_pinned_budget(request, offload::read_host_memory_facts());
-    offload_host = std::make_unique<engine::OffloadHost>(*device, world);
-    if (world.local_rank == 0) {
-      log::info(
-          "CPU offload: {} bytes pinned + {} bytes pageable host memory per rank (pinned budget {} bytes: {}); {}",
-          need.pinned_bytes, need.pageable_bytes, budget.budget_bytes, budget.source, offload_host->describe());
-    }
+  if (!offload_params && !offload_optimizer) return;
+  // Everything offload will take from host memory is checked against the budget before any of it (or
+  // anything else) is allocated.
+  const engine::HostFootprint need = engine::offload_footprint(
+      config, built, {.compute_dtype = dtype, .comm_dtype = comm_dtype, .params_on_device = !offload_params});
+  offload::PinnedRequest request;
+  request.pinned_bytes = need.pinned_bytes;
+  request.pageable_bytes = need.pageable_bytes;
+  request.ranks_on_node = world.local_size;
+  request.pinning_uses_mlock = device->kind() == DeviceKind::host;
+  request.budget_gb = config.zero3.pinned_memory_budget_gb;
+  const offload::PinnedBudget budget = offload::check_pinned_budget(request, offload::read_host_memory_facts());
+  offload_host = std::make_unique<engine::OffloadHost>(*device, world);
+  if (world.local_rank == 0) {
+    log::info("CPU offload: {} bytes pinned + {} bytes pageable host memory per rank (pinned budget {} bytes: {}); {}",
+              need.pinned_bytes, need.pageable_bytes, budget.budget_bytes, budget.source, offload_host->describe());
   }
+}
+
+std::unique_ptr<engine::ShardOptimizer> Engine::Impl::make_optimizer(const engine::Layout& built) {
+  const config::ZeroConfig& zero = config.zero;
+  if (zero.offload_optimizer.device == OffloadDevice::cpu) {
+    const bool offload_params = zero.offload_param.device == OffloadDevice::cpu;
+    return engine::make_offload_optimizer(
+        config, built, *device, *comm_stream, *offload_host, *timeline,
+        {.compute_dtype = dtype, .comm_dtype = comm_dtype, .params_on_device = !offload_params});
+  }
+  return engine::make_device_optimizer(*config.optimizer, *device, *comm_stream, built.state_count,
+                                       built.sharded_state_count, engine::state_segments(built));
+}
+
+void Engine::Impl::finalize() {
+  check_call("finalize", false);
+  engine::Layout built = engine::build_layout(specs, world.size, world.rank, config.zero);
+  check_offload_budget(built);
+  const config::OffloadConfig& offload_param = config.zero.offload_param;
   Buffer shards;
-  if (offload_params) {
-    shards = offload_host->allocate(*device, built.param_shard_count, dtype, zero.offload_param.pin_memory,
+  if (offload_param.device == OffloadDevice::cpu) {
+    shards = offload_host->allocate(*device, built.param_shard_count, dtype, offload_param.pin_memory,
                                     MemCategory::param_shard);
   } else {
     shards = device->allocate(built.param_shard_count, dtype, MemoryKind::device, MemCategory::param_shard);
@@ -235,13 +274,7 @@ void Engine::Impl::finalize() {
   std::unique_ptr<engine::ShardOptimizer> optimizer;
   std::vector<std::uint64_t> value_hashes;
   try {
-    if (offload_optimizer) {
-      optimizer = engine::make_offload_optimizer(config, built, *device, *comm_stream, *offload_host, *timeline, dtype,
-                                                 comm_dtype, /*params_on_device=*/!offload_params);
-    } else {
-      optimizer = engine::make_device_optimizer(*config.optimizer, *device, *comm_stream, built.state_count,
-                                                built.sharded_state_count, engine::state_segments(built));
-    }
+    optimizer = make_optimizer(built);
     engine::initialize_shards(built, static_cast<std::uint64_t>(config.zero3.seed), *device, *comm_stream,
                               optimizer->pieces(TensorKind::master), shards.view(), value_hashes);
   } catch (...) {
@@ -256,14 +289,10 @@ void Engine::Impl::finalize() {
   layout.emplace(std::move(built));
   param_shards = std::move(shards);
   optimizer->set_final_micro_step(config.batch.gradient_accumulation_steps == 1);
-  const engine::OptimizerStep::Context step_context{*layout, config, *device, *communicator, *comm_stream, *events};
-  optimizer_step = std::make_unique<engine::OptimizerStep>(step_context, std::move(optimizer), param_shards.view());
-  const engine::GatherCoordinator::Context gather_context{*layout,      config.zero, *device, *communicator, *compute,
-                                                          *comm_stream, *events,     dtype,   stats,         *timeline};
-  coordinator = std::make_unique<engine::GatherCoordinator>(gather_context, param_shards.view());
-  const engine::GradReducer::Context reduce_context{*layout,      config,  *device, *communicator, *compute,
-                                                    *comm_stream, *events, dtype,   comm_dtype,    stats};
-  reducer = std::make_unique<engine::GradReducer>(reduce_context, optimizer_step->optimizer());
+  const engine::Wiring wiring = make_wiring();
+  optimizer_step = std::make_unique<engine::OptimizerStep>(wiring, std::move(optimizer), param_shards.view());
+  coordinator = std::make_unique<engine::GatherCoordinator>(wiring, param_shards.view());
+  reducer = std::make_unique<engine::GradReducer>(wiring, optimizer_step->optimizer());
   // The first forward reads what finalize() left on the comm stream (offloaded params: the persistent
   // units' device copies).
   comm_stream->record(*step_done);
@@ -271,22 +300,39 @@ void Engine::Impl::finalize() {
   stats.total_elems = layout->total_elems;
   stats.persistent_elems = layout->persistent_elems;
   specs.clear();
+  if (world.rank == 0) log_finalized();
+}
 
-  if (world.rank == 0) {
-    const auto persistent_units = std::count_if(layout->units.begin(), layout->units.end(),
-                                                [](const engine::UnitLayout& u) { return u.persistent; });
-    log::info(
-        "zero3 engine: {} units ({} persistent), {} params, {} elements ({} persistent) on {} ranks; compute {}, "
-        "reduce {}, master and accumulators fp32 ({}); params {}; {} device, {} communicator",
-        layout->units.size(), persistent_units, layout->params.size(), layout->total_elems, layout->persistent_elems,
-        world.size, dtype_name(dtype), dtype_name(comm_dtype),
-        offload_optimizer
-            ? fmt::format("CPU offload of {} of {} elements",
-                          layout->state_count - engine::offload_cut(config, layout->state_count), layout->state_count)
-            : std::string("on the device"),
-        offload_params ? "offloaded to host memory" : "on the device", device_kind_name(device->kind()),
-        communicator->backend_name());
-  }
+engine::Wiring Engine::Impl::make_wiring() {
+  return {.layout = *layout,
+          .config = config,
+          .device = *device,
+          .communicator = *communicator,
+          .compute_stream = *compute,
+          .comm_stream = *comm_stream,
+          .events = *events,
+          .compute_dtype = dtype,
+          .comm_dtype = comm_dtype,
+          .stats = stats,
+          .timeline = *timeline};
+}
+
+void Engine::Impl::log_finalized() const {
+  const bool offload_params = config.zero.offload_param.device == OffloadDevice::cpu;
+  const bool offload_optimizer = config.zero.offload_optimizer.device == OffloadDevice::cpu;
+  const auto persistent_units = std::count_if(layout->units.begin(), layout->units.end(),
+                                              [](const engine::UnitLayout& u) { return u.persistent; });
+  log::info(
+      "zero3 engine: {} units ({} persistent), {} params, {} elements ({} persistent) on {} ranks; compute {}, "
+      "reduce {}, master and accumulators fp32 ({}); params {}; {} device, {} communicator",
+      layout->units.size(), persistent_units, layout->params.size(), layout->total_elems, layout->persistent_elems,
+      world.size, dtype_name(dtype), dtype_name(comm_dtype),
+      offload_optimizer
+          ? fmt::format("CPU offload of {} of {} elements",
+                        layout->state_count - engine::offload_cut(config, layout->state_count), layout->state_count)
+          : std::string("on the device"),
+      offload_params ? "offloaded to host memory" : "on the device", device_kind_name(device->kind()),
+      communicator->backend_name());
 }
 
 StepResult Engine::Impl::step() {
@@ -296,19 +342,34 @@ StepResult Engine::Impl::step() {
     for (const OpenScope& s : scopes) open += (open.empty() ? "" : ", ") + describe_scope(s);
     throw UsageError(fmt::format("step() with scopes still open ({}); close them first", open));
   }
+  if (!backward_since_step) {
+    throw UsageError(fmt::format(
+        "step() with no gradient scope closed since the last step() (or finalize()): call step() once per "
+        "micro-batch, after its backward (engine.grads(unit) for the units it trains, closed); this step() would {}",
+        config.batch.gradient_accumulation_steps == 1
+            ? "move the weights on zero gradients"
+            : fmt::format("shift the accumulation window (gradient_accumulation_steps {}, micro-step {} of it)",
+                          config.batch.gradient_accumulation_steps, micro_steps + 1)));
+  }
+  backward_since_step = false;
   StepResult r;
   r.loss_scale = optimizer_step->loss_scale();
   r.next_loss_scale = r.loss_scale;
   const std::int64_t gas = config.batch.gradient_accumulation_steps;
   if (++micro_steps < gas) {
     optimizer_step->optimizer().set_final_micro_step(micro_steps + 1 == gas);
-    r.global_step = global_step;
-    r.skipped_steps = skipped_steps;
-    coordinator->reclaim();
-    reducer->reclaim();
-    return r;
+  } else {
+    micro_steps = 0;
+    step_boundary(r);
   }
-  micro_steps = 0;
+  r.global_step = global_step;
+  r.skipped_steps = skipped_steps;
+  coordinator->reclaim();
+  reducer->reclaim();
+  return r;
+}
+
+void Engine::Impl::step_boundary(StepResult& r) {
   r.boundary = true;
   // The step may update persistent params that compute work enqueued so far still reads.
   const auto started = std::chrono::steady_clock::now();
@@ -328,7 +389,7 @@ StepResult Engine::Impl::step() {
     stats.last_step_times.reduce_wait_ms = ms(reduced - started);
     stats.last_step_times.optimizer_ms = ms(std::chrono::steady_clock::now() - reduced);
   }
-  optimizer_step->optimizer().set_final_micro_step(gas == 1);
+  optimizer_step->optimizer().set_final_micro_step(config.batch.gradient_accumulation_steps == 1);
   if (out.applied) coordinator->refresh_persistent();
   ++global_step;
   if (!out.applied) ++skipped_steps;
@@ -337,8 +398,6 @@ StepResult Engine::Impl::step() {
   r.lr = out.lr;
   r.loss_scale = out.loss_scale;
   r.next_loss_scale = out.next_loss_scale;
-  r.global_step = global_step;
-  r.skipped_steps = skipped_steps;
 
   stats.last_step_all_gather_elems = std::exchange(stats.all_gather_elems, 0);
   stats.last_step_reduce_scatter_elems = std::exchange(stats.reduce_scatter_elems, 0);
@@ -346,9 +405,6 @@ StepResult Engine::Impl::step() {
   // Compute work after this (the next forward) reads the persistent params the step wrote.
   comm_stream->record(*step_done);
   compute->wait(*step_done);
-  coordinator->reclaim();
-  reducer->reclaim();
-  return r;
 }
 
 std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind kind) {
@@ -404,49 +460,13 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
 
 // ---------------------------------------------------------------- Engine
 
-std::string_view tensor_kind_name(TensorKind kind) {
-  switch (kind) {
-    case TensorKind::param:
-      return "param";
-    case TensorKind::master:
-      return "master";
-    case TensorKind::exp_avg:
-      return "exp_avg";
-    case TensorKind::exp_avg_sq:
-      return "exp_avg_sq";
-    case TensorKind::grad:
-      return "grad";
-  }
-  return "?";
-}
-
 Engine::Engine(const config::Config& config, const comm::World& world, EngineResources resources)
     : impl_(std::make_unique<Impl>(config, world, std::move(resources))) {}
 
 Engine::~Engine() = default;
 
 void Engine::add_unit(UnitSpec unit) {
-  Impl& impl = *impl_;
-  if (impl.kept_error) std::rethrow_exception(std::exchange(impl.kept_error, nullptr));
-  if (impl.layout) {
-    throw UsageError(
-        fmt::format("add_unit('{}') after finalize(): the model is partitioned once; declare every unit "
-                    "before finalize()",
-                    unit.name));
-  }
-  engine::validate_unit_spec(unit);
-  if (impl.unit_names.contains(unit.name)) {
-    throw UsageError(fmt::format("add_unit: a unit named '{}' was already declared", unit.name));
-  }
-  std::unordered_set<std::string> mine;
-  for (const ParamSpec& p : unit.params) {
-    if (impl.param_names.contains(p.name) || !mine.insert(p.name).second) {
-      throw UsageError(fmt::format("add_unit('{}'): a param named '{}' was already declared", unit.name, p.name));
-    }
-  }
-  impl.unit_names.insert(unit.name);
-  impl.param_names.insert(mine.begin(), mine.end());
-  impl.specs.push_back(std::move(unit));
+  impl_->add_unit(std::move(unit));
 }
 
 void Engine::finalize() {
@@ -513,6 +533,12 @@ Device& Engine::device() {
 }
 comm::Communicator& Engine::communicator() {
   return *impl_->communicator;
+}
+std::shared_ptr<comm::Bootstrap> Engine::bootstrap() const {
+  return impl_->bootstrap;
+}
+EngineState Engine::state() {
+  return EngineState(this);
 }
 const config::Config& Engine::config() const {
   return impl_->config;

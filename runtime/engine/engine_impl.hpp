@@ -1,6 +1,7 @@
 // Engine::Impl: what one Engine owns, in lifetime order (members are destroyed in reverse, so the device
 // outlives every buffer, and the streams are drained before the buffers their work uses go away).
-// engine.cpp implements the public class on top of it. Engine thread only.
+// engine.cpp implements the public class on top of it, engine_state.cpp the EngineState view. Engine
+// thread only.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "layout.hpp"
 #include "offload_optimizer.hpp"
 #include "optimizer_step.hpp"
+#include "wiring.hpp"
 #include "zero3/engine/engine.hpp"
 
 namespace zero3 {
@@ -33,6 +35,12 @@ struct Engine::Impl {
   std::size_t unit_or_throw(std::string_view call, std::string_view name) const;
   std::size_t param_of_unit(std::size_t unit, std::string_view name, std::string_view what) const;
   void keep_error(std::exception_ptr error) noexcept;
+  // EngineState's calls that move state: finalize() has run, at an accumulation boundary, no scope open.
+  void check_boundary(std::string_view call) const;
+  // The pieces holding `kind` of `slice` (`shard_pieces` for TensorKind::param), or throws naming what is
+  // missing (gradients, a frozen param's optimizer state, a state the optimizer lacks).
+  const engine::StatePieces& state_source(TensorKind kind, const ParamSlice& slice, bool frozen,
+                                          const engine::StatePieces& shard_pieces, std::string_view call) const;
 
   // ---- scopes
   struct OpenScope {
@@ -47,8 +55,17 @@ struct Engine::Impl {
   void close_scope(std::uint64_t token);
   std::string describe_scope(const OpenScope& s) const;
 
+  void add_unit(UnitSpec unit);
   void finalize();
+  // finalize()'s parts: the offload budget check (and the OffloadHost), the optimizer, and the components.
+  void check_offload_budget(const engine::Layout& built);
+  std::unique_ptr<engine::ShardOptimizer> make_optimizer(const engine::Layout& built);
+  // What the components share, every member named (after `layout` is set); finalize() builds it once.
+  engine::Wiring make_wiring();
+  void log_finalized() const;
   StepResult step();
+  // step() at the accumulation boundary: the optimizer and the window's statistics.
+  void step_boundary(StepResult& r);
   std::vector<float> gather_tensor(std::string_view param, TensorKind kind);
 
   config::Config config;
@@ -87,6 +104,8 @@ struct Engine::Impl {
   std::exception_ptr kept_error;
   EngineStats stats;
   std::int64_t micro_steps = 0;  // in the current accumulation window
+  // A GradScope was closed since the last step() (or finalize()): step() refuses to run without one.
+  bool backward_since_step = false;
   std::int64_t global_step = 0;
   std::int64_t skipped_steps = 0;
 };

@@ -1,6 +1,6 @@
-// Engine's checkpoint support (engine.hpp: local_slices, read_state, write_state, training_state): this
-// rank's part of the params and the optimizer state moved to and from host memory by param name and
-// element range. The shards are never gathered: each slice maps to one run of the rank's flat buffers.
+// EngineState (zero3/engine/state.hpp), the engine's checkpoint support: this rank's part of the params and
+// the optimizer state moved to and from host memory by param name and element range. The shards are never
+// gathered: each slice maps to one run of the rank's flat buffers.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,6 +10,23 @@
 #include "zero3/core/error.hpp"
 
 namespace zero3 {
+
+std::string_view tensor_kind_name(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::param:
+      return "param";
+    case TensorKind::master:
+      return "master";
+    case TensorKind::exp_avg:
+      return "exp_avg";
+    case TensorKind::exp_avg_sq:
+      return "exp_avg_sq";
+    case TensorKind::grad:
+      return "grad";
+  }
+  return "?";
+}
+
 namespace {
 
 // Where a slice sits in the rank's flat buffers: the element offset into the param shards, which is also
@@ -40,8 +57,8 @@ SliceLocation locate(const engine::Layout& layout, const ParamSlice& slice, std:
 
 }  // namespace
 
-std::vector<ParamSlice> Engine::local_slices(bool owned) const {
-  const Impl& impl = *impl_;
+std::vector<ParamSlice> EngineState::local_slices(bool owned) const {
+  const Engine::Impl& impl = *engine_->impl_;
   if (!impl.layout) throw UsageError("local_slices() before finalize()");
   const engine::Layout& layout = *impl.layout;
   std::vector<ParamSlice> out;
@@ -63,47 +80,43 @@ std::vector<ParamSlice> Engine::local_slices(bool owned) const {
   return out;
 }
 
-std::size_t Engine::state_bytes(TensorKind kind, std::span<const ParamSlice> slices) const {
+std::size_t EngineState::state_bytes(TensorKind kind, std::span<const ParamSlice> slices) const {
   std::size_t elems = 0;
   for (const ParamSlice& s : slices) elems += s.count;
-  return elems * (kind == TensorKind::param ? size_of(impl_->dtype) : sizeof(float));
+  return elems * (kind == TensorKind::param ? size_of(engine_->impl_->dtype) : sizeof(float));
 }
 
-namespace {
-
-// The pieces holding `kind` of `slice` and their element size, or throws naming what is missing.
-const engine::StatePieces& source_pieces(Engine::Impl& impl, TensorKind kind, const ParamSlice& slice, bool frozen,
-                                         engine::StatePieces& shard_pieces, std::string_view call) {
+const engine::StatePieces& Engine::Impl::state_source(TensorKind kind, const ParamSlice& slice, bool frozen,
+                                                      const engine::StatePieces& shard_pieces,
+                                                      std::string_view call) const {
   if (kind == TensorKind::param) return shard_pieces;
   if (kind == TensorKind::grad) throw UsageError(fmt::format("{}: gradients are not part of a checkpoint", call));
   if (frozen) {
     throw UsageError(fmt::format("{}('{}', {}): the param is frozen: it has no optimizer state", call, slice.param,
                                  tensor_kind_name(kind)));
   }
-  const engine::StatePieces& pieces = impl.optimizer_step->optimizer().pieces(kind);
+  const engine::StatePieces& pieces = optimizer_step->optimizer().pieces(kind);
   if (pieces.empty()) {
-    throw UsageError(fmt::format("{}: the {} optimizer keeps no {}", call,
-                                 config::to_string(impl.config.optimizer->type), tensor_kind_name(kind)));
+    throw UsageError(fmt::format("{}: the {} optimizer keeps no {}", call, config::to_string(config.optimizer->type),
+                                 tensor_kind_name(kind)));
   }
   return pieces;
 }
 
-void check_boundary(const Engine::Impl& impl, std::string_view call) {
-  if (!impl.layout) throw UsageError(fmt::format("{} before finalize()", call));
-  if (!impl.scopes.empty() || impl.micro_steps != 0) {
+void Engine::Impl::check_boundary(std::string_view call) const {
+  if (!layout) throw UsageError(fmt::format("{} before finalize()", call));
+  if (!scopes.empty() || micro_steps != 0) {
     throw UsageError(fmt::format(
         "{}: only at an accumulation boundary with no scope open ({} micro-step(s) into the window, {} scope(s) "
         "open)",
-        call, impl.micro_steps, impl.scopes.size()));
+        call, micro_steps, scopes.size()));
   }
 }
 
-}  // namespace
-
-void Engine::read_state(TensorKind kind, std::span<const ParamSlice> slices, std::span<std::byte> out) {
-  Impl& impl = *impl_;
+void EngineState::read_state(TensorKind kind, std::span<const ParamSlice> slices, std::span<std::byte> out) const {
+  Engine::Impl& impl = *engine_->impl_;
   impl.check_call("read_state", true);
-  check_boundary(impl, "read_state");
+  impl.check_boundary("read_state");
   const std::size_t elem = kind == TensorKind::param ? size_of(impl.dtype) : sizeof(float);
   if (out.size() != state_bytes(kind, slices)) {
     throw UsageError(fmt::format("read_state: {} bytes given for {} bytes of {}", out.size(), state_bytes(kind, slices),
@@ -115,7 +128,7 @@ void Engine::read_state(TensorKind kind, std::span<const ParamSlice> slices, std
   std::size_t at = 0;
   for (const ParamSlice& s : slices) {
     const SliceLocation loc = locate(*impl.layout, s, "read_state");
-    const engine::StatePieces& pieces = source_pieces(impl, kind, s, loc.frozen, shard_pieces, "read_state");
+    const engine::StatePieces& pieces = impl.state_source(kind, s, loc.frozen, shard_pieces, "read_state");
     if (s.count > 0) {
       const BufferView dst{out.data() + at, static_cast<std::size_t>(s.count),
                            kind == TensorKind::param ? impl.dtype : DType::f32, MemoryKind::pageable_host};
@@ -126,10 +139,11 @@ void Engine::read_state(TensorKind kind, std::span<const ParamSlice> slices, std
   impl.comm_stream->synchronize();
 }
 
-void Engine::write_state(TensorKind kind, std::span<const ParamSlice> slices, std::span<const std::byte> in) {
-  Impl& impl = *impl_;
+void EngineState::write_state(TensorKind kind, std::span<const ParamSlice> slices,
+                              std::span<const std::byte> in) const {
+  Engine::Impl& impl = *engine_->impl_;
   impl.check_call("write_state", true);
-  check_boundary(impl, "write_state");
+  impl.check_boundary("write_state");
   const std::size_t elem = kind == TensorKind::param ? size_of(impl.dtype) : sizeof(float);
   if (in.size() != state_bytes(kind, slices)) {
     throw UsageError(fmt::format("write_state: {} bytes given for {} bytes of {}", in.size(), state_bytes(kind, slices),
@@ -141,7 +155,7 @@ void Engine::write_state(TensorKind kind, std::span<const ParamSlice> slices, st
   std::size_t at = 0;
   for (const ParamSlice& s : slices) {
     const SliceLocation loc = locate(*impl.layout, s, "write_state");
-    const engine::StatePieces& pieces = source_pieces(impl, kind, s, loc.frozen, shard_pieces, "write_state");
+    const engine::StatePieces& pieces = impl.state_source(kind, s, loc.frozen, shard_pieces, "write_state");
     if (s.count > 0) {
       const ConstBufferView src{in.data() + at, static_cast<std::size_t>(s.count),
                                 kind == TensorKind::param ? impl.dtype : DType::f32, MemoryKind::pageable_host};
@@ -156,15 +170,15 @@ void Engine::write_state(TensorKind kind, std::span<const ParamSlice> slices, st
   impl.compute->wait(*impl.step_done);
 }
 
-bool Engine::keeps_state(TensorKind kind) const {
-  const Impl& impl = *impl_;
+bool EngineState::keeps_state(TensorKind kind) const {
+  const Engine::Impl& impl = *engine_->impl_;
   if (!impl.optimizer_step) throw UsageError("keeps_state() before finalize()");
   if (kind == TensorKind::param || kind == TensorKind::master) return true;
   return !impl.optimizer_step->optimizer().pieces(kind).empty();
 }
 
-TrainingState Engine::training_state() const {
-  const Impl& impl = *impl_;
+TrainingState EngineState::training_state() const {
+  const Engine::Impl& impl = *engine_->impl_;
   if (!impl.optimizer_step) throw UsageError("training_state() before finalize()");
   TrainingState s;
   s.global_step = impl.global_step;
@@ -173,10 +187,10 @@ TrainingState Engine::training_state() const {
   return s;
 }
 
-void Engine::restore_training_state(const TrainingState& state) {
-  Impl& impl = *impl_;
+void EngineState::restore_training_state(const TrainingState& state) const {
+  Engine::Impl& impl = *engine_->impl_;
   impl.check_call("restore_training_state", true);
-  check_boundary(impl, "restore_training_state");
+  impl.check_boundary("restore_training_state");
   if (state.global_step < 0 || state.skipped_steps < 0 || state.skipped_steps > state.global_step ||
       state.applied_steps < 0 || !(state.loss_scale > 0.0)) {
     throw UsageError(fmt::format(

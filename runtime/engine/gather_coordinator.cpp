@@ -18,22 +18,22 @@ std::uint64_t non_negative(std::int64_t v) {
 }
 }  // namespace
 
-GatherCoordinator::GatherCoordinator(const Context& context, BufferView param_shards)
-    : layout_(context.layout),
-      device_(context.device),
-      comm_(context.comm),
-      compute_(context.compute),
-      comm_stream_(context.comm_stream),
-      events_(context.events),
-      dtype_(context.dtype),
-      stats_(context.stats),
-      timeline_(context.timeline),
+GatherCoordinator::GatherCoordinator(const Wiring& wiring, BufferView param_shards)
+    : layout_(wiring.layout),
+      device_(wiring.device),
+      comm_(wiring.communicator),
+      compute_(wiring.compute_stream),
+      comm_stream_(wiring.comm_stream),
+      events_(wiring.events),
+      dtype_(wiring.compute_dtype),
+      stats_(wiring.stats),
+      timeline_(wiring.timeline),
       param_shards_(param_shards),
-      prefetch_bucket_(non_negative(context.zero.prefetch_bucket_size)),
-      max_live_(non_negative(context.zero.max_live_parameters)),
-      max_reuse_(non_negative(context.zero.max_reuse_distance)),
-      units_(context.layout.units.size()),
-      frees_(context.events) {
+      prefetch_bucket_(non_negative(wiring.config.zero.prefetch_bucket_size)),
+      max_live_(non_negative(wiring.config.zero.max_live_parameters)),
+      max_reuse_(non_negative(wiring.config.zero.max_reuse_distance)),
+      units_(wiring.layout.units.size()),
+      frees_(wiring.events) {
   offloaded_ = param_shards_.kind != MemoryKind::device;
   if (!offloaded_) return;
   // Offloaded params: persistent units keep a device copy (their compute reads it every micro-step),

@@ -16,30 +16,19 @@
 #include "deferred_free.hpp"
 #include "layout.hpp"
 #include "timeline.hpp"
+#include "wiring.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/config/config.hpp"
-#include "zero3/engine/engine.hpp"
+#include "zero3/engine/stats.hpp"
 
 namespace zero3::engine {
 
 class GatherCoordinator {
  public:
-  struct Context {
-    const Layout& layout;
-    const config::ZeroConfig& zero;
-    Device& device;
-    comm::Communicator& comm;
-    Stream& compute;
-    Stream& comm_stream;
-    EventPool& events;
-    DType dtype;  // the compute dtype of the param shards and gathered buffers
-    EngineStats& stats;
-    Timeline& timeline;
-  };
   // `param_shards`: the rank's flat param-shard buffer (layout.param_shard_count elements). In host memory
   // (offload_param), each gather first copies the rank's shard to the device, and persistent units keep a
   // device copy (made here, on the comm stream).
-  GatherCoordinator(const Context& context, BufferView param_shards);
+  GatherCoordinator(const Wiring& wiring, BufferView param_shards);
 
   // Work enqueued on the compute stream after this call sees the unit's full params. Non-blocking, except
   // that a new gathered buffer may first wait for released ones to be freed (to respect the live budget).

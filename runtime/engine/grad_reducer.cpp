@@ -6,21 +6,21 @@
 
 namespace zero3::engine {
 
-GradReducer::GradReducer(const Context& context, ShardOptimizer& optimizer)
-    : layout_(context.layout),
-      device_(context.device),
-      comm_(context.comm),
-      compute_(context.compute),
-      comm_stream_(context.comm_stream),
-      dtype_(context.dtype),
-      comm_dtype_(context.comm_dtype),
-      stats_(context.stats),
+GradReducer::GradReducer(const Wiring& wiring, ShardOptimizer& optimizer)
+    : layout_(wiring.layout),
+      device_(wiring.device),
+      comm_(wiring.communicator),
+      compute_(wiring.compute_stream),
+      comm_stream_(wiring.comm_stream),
+      dtype_(wiring.compute_dtype),
+      comm_dtype_(wiring.comm_dtype),
+      stats_(wiring.stats),
       optimizer_(optimizer),
-      compute_done_(context.events.acquire()),
-      frees_(context.events) {
+      compute_done_(wiring.events.acquire()),
+      frees_(wiring.events) {
   // reduce_bucket_size elements per collective: W pieces of this many, rounded down to the alignment.
   const auto w = static_cast<std::size_t>(layout_.world_size);
-  const auto bucket = static_cast<std::size_t>(std::max<std::int64_t>(context.config.zero.reduce_bucket_size, 0));
+  const auto bucket = static_cast<std::size_t>(std::max<std::int64_t>(wiring.config.zero.reduce_bucket_size, 0));
   piece_ = std::max(kAlignElems, bucket / w / kAlignElems * kAlignElems);
   max_pending_ = bucket;
 }

@@ -13,28 +13,18 @@
 #include "deferred_free.hpp"
 #include "layout.hpp"
 #include "optimizer_step.hpp"
+#include "wiring.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/config/config.hpp"
-#include "zero3/engine/engine.hpp"
+#include "zero3/engine/stats.hpp"
 
 namespace zero3::engine {
 
 class GradReducer {
  public:
-  struct Context {
-    const Layout& layout;
-    const config::Config& config;
-    Device& device;
-    comm::Communicator& comm;
-    Stream& compute;
-    Stream& comm_stream;
-    EventPool& events;
-    DType dtype;       // of the gradients the trainer writes (the compute dtype)
-    DType comm_dtype;  // of the reduction
-    EngineStats& stats;
-  };
-  // Reduced pieces go to `optimizer`'s accumulators (ShardOptimizer::accumulate).
-  GradReducer(const Context& context, ShardOptimizer& optimizer);
+  // Gradients arrive in wiring.compute_dtype (what the trainer writes) and are reduced in wiring.comm_dtype;
+  // reduced pieces go to `optimizer`'s accumulators (ShardOptimizer::accumulate).
+  GradReducer(const Wiring& wiring, ShardOptimizer& optimizer);
 
   // Blocking allocation; the zero fill is enqueued on the compute stream. Empty for a unit without
   // trainable params.

@@ -39,15 +39,48 @@ std::optional<std::size_t> Layout::find_param(std::string_view name) const {
   return it->second;
 }
 
+namespace {
+
+// An init whose arguments cannot make the values asked for (a std < 0, low > high, NaN, ...).
+void validate_init(const std::string& unit, const ParamSpec& p) {
+  const ParamInit& init = p.init;
+  const auto fail = [&](std::string_view what) {
+    throw UsageError(fmt::format("add_unit('{}'): param '{}' has {}", unit, p.name, what));
+  };
+  switch (init.kind) {
+    case ParamInit::Kind::normal:
+      if (!std::isfinite(init.a) || !std::isfinite(init.b) || init.b < 0.0) {
+        fail(
+            fmt::format("a normal init with mean {} and std {}; both must be finite and std >= 0 "
+                        "(ParamInit::normal({{.mean = ..., .std = ...}}))",
+                        init.a, init.b));
+      }
+      break;
+    case ParamInit::Kind::uniform:
+      if (!std::isfinite(init.a) || !std::isfinite(init.b) || init.a > init.b) {
+        fail(
+            fmt::format("a uniform init with low {} and high {}; both must be finite and low <= high "
+                        "(ParamInit::uniform({{.low = ..., .high = ...}}))",
+                        init.a, init.b));
+      }
+      break;
+    case ParamInit::Kind::constant:
+      if (!std::isfinite(init.a)) fail(fmt::format("a constant init of {}, which must be finite", init.a));
+      break;
+    case ParamInit::Kind::custom:
+      if (!init.fill) fail("a custom init without a fill function");
+      break;
+  }
+}
+
+}  // namespace
+
 void validate_unit_spec(const UnitSpec& unit) {
   if (unit.name.empty()) throw UsageError("add_unit: a unit needs a non-empty name");
   for (const ParamSpec& p : unit.params) {
     if (p.name.empty()) throw UsageError(fmt::format("add_unit('{}'): a param needs a non-empty name", unit.name));
     (void)p.numel();  // throws for negative extents and overflow, naming the param
-    if (p.init.kind == ParamInit::Kind::custom && !p.init.fill) {
-      throw UsageError(
-          fmt::format("add_unit('{}'): param '{}' has a custom init without a fill function", unit.name, p.name));
-    }
+    validate_init(unit.name, p);
     if (!std::isfinite(p.lr_scale) || p.lr_scale < 0.0) {
       throw UsageError(fmt::format("add_unit('{}'): param '{}' has lr_scale {}, which must be finite and >= 0",
                                    unit.name, p.name, p.lr_scale));

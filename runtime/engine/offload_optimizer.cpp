@@ -133,15 +133,14 @@ struct Arrival {
 class OffloadShardOptimizer final : public ShardOptimizer {
  public:
   OffloadShardOptimizer(const config::Config& config, const Layout& layout, Device& device, Stream& stream,
-                        OffloadHost& host, Timeline& timeline, DType compute_dtype, DType comm_dtype,
-                        bool params_on_device)
+                        OffloadHost& host, Timeline& timeline, const OffloadOptions& options)
       : config_(*config.optimizer),
         device_(device),
         host_(host),
         timeline_(timeline),
-        comm_dtype_(comm_dtype),
-        compute_dtype_(compute_dtype),
-        params_on_device_(params_on_device),
+        comm_dtype_(options.comm_dtype),
+        compute_dtype_(options.compute_dtype),
+        params_on_device_(options.params_on_device),
         count_(layout.state_count),
         sharded_count_(layout.sharded_state_count),
         cut_(offload_cut(config, layout.state_count)) {
@@ -179,7 +178,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
       if (has_m) c.exp_avg = host.allocate(device, n, DType::f32, pinned, MemCategory::optim_state);
       if (has_v) c.exp_avg_sq = host.allocate(device, n, DType::f32, pinned, MemCategory::optim_state);
       c.acc = host.allocate(device, n, DType::f32, pinned, MemCategory::grad_shard);
-      if (params_on_device_) c.params = host.allocate(device, n, compute_dtype, pinned, MemCategory::staging);
+      if (params_on_device_) c.params = host.allocate(device, n, compute_dtype_, pinned, MemCategory::staging);
       for (Buffer* b : {&c.exp_avg, &c.exp_avg_sq, &c.acc}) {
         if (!b->empty()) std::memset(b->data(), 0, b->size_bytes());
       }
@@ -190,7 +189,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
       const std::size_t slot = std::min(kSlotElems, std::max<std::size_t>(largest_arrival(layout), 1));
       for (std::size_t i = 0; i < kSlots; ++i) {
         slots_.push_back(
-            {host.allocate(device, slot, comm_dtype, pinned, MemCategory::staging), device.create_event(), false});
+            {host.allocate(device, slot, comm_dtype_, pinned, MemCategory::staging), device.create_event(), false});
       }
       const MemoryKind small_kind =
           device.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
@@ -533,22 +532,21 @@ std::size_t offload_cut(const config::Config& config, std::size_t state_count) {
   return std::min(state_count, on_device * sub);
 }
 
-HostFootprint offload_footprint(const config::Config& config, const Layout& layout, DType compute_dtype,
-                                DType comm_dtype, bool params_on_device) {
+HostFootprint offload_footprint(const config::Config& config, const Layout& layout, const OffloadOptions& options) {
   HostFootprint f;
   const auto add = [&](bool pinned, std::uint64_t bytes) { (pinned ? f.pinned_bytes : f.pageable_bytes) += bytes; };
   const config::ZeroConfig& zero = config.zero;
   if (zero.offload_param.device == config::OffloadDevice::cpu) {
-    add(zero.offload_param.pin_memory, std::uint64_t{layout.param_shard_count} * size_of(compute_dtype));
+    add(zero.offload_param.pin_memory, std::uint64_t{layout.param_shard_count} * size_of(options.compute_dtype));
   }
   if (zero.offload_optimizer.device == config::OffloadDevice::cpu && config.optimizer) {
     const std::uint64_t host = layout.state_count - offload_cut(config, layout.state_count);
     const std::uint64_t per_elem = 4 * (2 + static_cast<std::uint64_t>(state_tensors(config.optimizer->type))) +
-                                   (params_on_device ? size_of(compute_dtype) : 0);
+                                   (options.params_on_device ? size_of(options.compute_dtype) : 0);
     add(zero.offload_optimizer.pin_memory, host * per_elem);
     if (host > 0) {
       const std::uint64_t slot = std::min(kSlotElems, std::max<std::size_t>(largest_arrival(layout), 1));
-      add(zero.offload_optimizer.pin_memory, kSlots * slot * size_of(comm_dtype));
+      add(zero.offload_optimizer.pin_memory, kSlots * slot * size_of(options.comm_dtype));
     }
   }
   return f;
@@ -556,10 +554,8 @@ HostFootprint offload_footprint(const config::Config& config, const Layout& layo
 
 std::unique_ptr<ShardOptimizer> make_offload_optimizer(const config::Config& config, const Layout& layout,
                                                        Device& device, Stream& stream, OffloadHost& host,
-                                                       Timeline& timeline, DType compute_dtype, DType comm_dtype,
-                                                       bool params_on_device) {
-  return std::make_unique<OffloadShardOptimizer>(config, layout, device, stream, host, timeline, compute_dtype,
-                                                 comm_dtype, params_on_device);
+                                                       Timeline& timeline, const OffloadOptions& options) {
+  return std::make_unique<OffloadShardOptimizer>(config, layout, device, stream, host, timeline, options);
 }
 
 }  // namespace zero3::engine

@@ -55,19 +55,26 @@ class OffloadHost {
 // The host region of the state order: [cut, state_count) goes to the CPU.
 std::size_t offload_cut(const config::Config& config, std::size_t state_count);
 
+// What the offloaded optimizer exchanges with the rest of the engine; set them by name:
+// {.compute_dtype = ..., .comm_dtype = ..., .params_on_device = ...}.
+struct OffloadOptions {
+  DType compute_dtype = DType::f32;  // the param shards the step writes
+  DType comm_dtype = DType::f32;     // the reduced gradient pieces that arrive for accumulation
+  // Whether the param shards are device memory (new params copied host-to-device per chunk) or host memory
+  // (offload_param: written in place).
+  bool params_on_device = true;
+};
+
 // Bytes of host memory a rank's offload will allocate, for the budget check made before any allocation.
 struct HostFootprint {
   std::uint64_t pinned_bytes = 0;
   std::uint64_t pageable_bytes = 0;
 };
-HostFootprint offload_footprint(const config::Config& config, const Layout& layout, DType compute_dtype,
-                                DType comm_dtype, bool params_on_device);
+HostFootprint offload_footprint(const config::Config& config, const Layout& layout, const OffloadOptions& options);
 
-// The offloaded ShardOptimizer. `params_on_device`: whether the param shards the step writes are device
-// memory (copied host-to-device per chunk) or host memory (offload_param: written in place).
+// The offloaded ShardOptimizer.
 std::unique_ptr<ShardOptimizer> make_offload_optimizer(const config::Config& config, const Layout& layout,
                                                        Device& device, Stream& stream, OffloadHost& host,
-                                                       Timeline& timeline, DType compute_dtype, DType comm_dtype,
-                                                       bool params_on_device);
+                                                       Timeline& timeline, const OffloadOptions& options);
 
 }  // namespace zero3::engine

@@ -136,18 +136,18 @@ std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerCon
   return std::make_unique<DeviceShardOptimizer>(optimizer, device, stream, count, sharded_count, std::move(segments));
 }
 
-OptimizerStep::OptimizerStep(const Context& context, std::unique_ptr<ShardOptimizer> optimizer, BufferView params)
-    : layout_(context.layout),
-      config_(context.config),
-      device_(context.device),
-      comm_(context.comm),
-      stream_(context.stream),
+OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimizer> optimizer, BufferView params)
+    : layout_(wiring.layout),
+      config_(wiring.config),
+      device_(wiring.device),
+      comm_(wiring.communicator),
+      stream_(wiring.comm_stream),
       optimizer_(std::move(optimizer)),
       params_(params),
-      schedule_(optim::LrSchedule::create(context.config.scheduler ? &*context.config.scheduler : nullptr,
-                                          *context.config.optimizer)),
-      scaler_(optim::LossScaler::from_config(context.config)),
-      scalars_ready_(context.events.acquire()) {
+      schedule_(optim::LrSchedule::create(wiring.config.scheduler ? &*wiring.config.scheduler : nullptr,
+                                          *wiring.config.optimizer)),
+      scaler_(optim::LossScaler::from_config(wiring.config)),
+      scalars_ready_(wiring.events.acquire()) {
   scalars_ = device_.allocate(2, DType::f32, MemoryKind::device, MemCategory::workspace);
   const MemoryKind host_kind = device_.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
   host_scalars_ = device_.allocate(2, DType::f32, host_kind, MemCategory::staging);

@@ -16,9 +16,11 @@
 #include "deferred_free.hpp"
 #include "layout.hpp"
 #include "state_pieces.hpp"
+#include "wiring.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/config/config.hpp"
-#include "zero3/engine/engine.hpp"
+#include "zero3/engine/state.hpp"
+#include "zero3/engine/unit_spec.hpp"
 #include "zero3/kernels/kernels.hpp"
 #include "zero3/optim/loss_scaler.hpp"
 #include "zero3/optim/lr_schedule.hpp"
@@ -87,15 +89,8 @@ struct StepOutcome {
 
 class OptimizerStep {
  public:
-  struct Context {
-    const Layout& layout;
-    const config::Config& config;
-    Device& device;
-    comm::Communicator& comm;
-    Stream& stream;  // where the reductions went: the step follows them in stream order
-    EventPool& events;
-  };
-  OptimizerStep(const Context& context, std::unique_ptr<ShardOptimizer> optimizer, BufferView params);
+  // Runs on wiring.comm_stream, where the reductions went: the step follows them in stream order.
+  OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimizer> optimizer, BufferView params);
 
   // Collective. Blocks once, to read the overflow flag and the squared norm. Zeroes the accumulators
   // (after use) in either case. Throws Error when an overflow happens at the minimum loss scale.

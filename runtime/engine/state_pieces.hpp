@@ -8,7 +8,7 @@
 
 #include "zero3/core/buffer_view.hpp"
 #include "zero3/device/device.hpp"
-#include "zero3/engine/engine.hpp"
+#include "zero3/engine/state.hpp"
 
 namespace zero3::engine {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "zero3/device/device.hpp"
-#include "zero3/engine/engine.hpp"
+#include "zero3/engine/stats.hpp"
 
 namespace zero3::engine {
 

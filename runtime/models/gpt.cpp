@@ -49,7 +49,7 @@ ParamSpec weight(std::string name, int rows, int cols, double std) {
   ParamSpec p;
   p.name = std::move(name);
   p.shape = {rows, cols};
-  p.init = ParamInit::normal(std);
+  p.init = ParamInit::normal({.std = std});
   return p;
 }
 ParamSpec vector_param(std::string name, int n, ParamInit init) {

@@ -29,7 +29,7 @@ ParamSpec weight(std::string name, std::int64_t rows, std::int64_t cols) {
   ParamSpec p;
   p.name = std::move(name);
   p.shape = {rows, cols};
-  p.init = ParamInit::normal(kInitStd);
+  p.init = ParamInit::normal({.std = kInitStd});
   return p;
 }
 ParamSpec bias(std::string name, std::int64_t n) {

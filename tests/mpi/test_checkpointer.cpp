@@ -135,7 +135,7 @@ std::vector<TensorKind> kinds_of(Engine& e, const ParamSpec& p) {
   std::vector<TensorKind> kinds{TensorKind::param, TensorKind::master};
   if (!p.trainable) return kinds;
   for (const TensorKind k : {TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
-    if (e.keeps_state(k)) kinds.push_back(k);
+    if (e.state().keeps_state(k)) kinds.push_back(k);
   }
   return kinds;
 }
@@ -150,7 +150,7 @@ Snapshot snapshot(Engine& e) {
       }
     }
   }
-  s.training = e.training_state();
+  s.training = e.state().training_state();
   return s;
 }
 
@@ -200,7 +200,7 @@ DType dtype_of(Engine& e, TensorKind kind) {
 // test_value for `slices` of `kind`, back to back in the engine's dtype for that kind.
 std::vector<std::byte> value_bytes(Engine& e, TensorKind kind, const std::vector<ParamSlice>& slices) {
   const DType dtype = dtype_of(e, kind);
-  std::vector<std::byte> out(e.state_bytes(kind, slices));
+  std::vector<std::byte> out(e.state().state_bytes(kind, slices));
   std::size_t at = 0;
   for (const ParamSlice& s : slices) {
     for (std::uint64_t j = 0; j < s.count; ++j) {
@@ -221,11 +221,11 @@ std::vector<ParamSlice> trainable_only(const std::vector<ParamSlice>& slices) {
 
 // Writes test_value into every tensor the rank keeps (write_state; rank-local).
 void write_test_values(Engine& e) {
-  const std::vector<ParamSlice> kept = e.local_slices(false);
+  const std::vector<ParamSlice> kept = e.state().local_slices(false);
   for (const TensorKind k : {TensorKind::param, TensorKind::master, TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
-    if (!e.keeps_state(k)) continue;
+    if (!e.state().keeps_state(k)) continue;
     const std::vector<ParamSlice> slices = k == TensorKind::param ? kept : trainable_only(kept);
-    e.write_state(k, slices, value_bytes(e, k, slices));
+    e.state().write_state(k, slices, value_bytes(e, k, slices));
   }
 }
 
@@ -263,7 +263,7 @@ ParamSpec spec(std::string name, std::vector<std::int64_t> shape, bool trainable
   ParamSpec p;
   p.name = std::move(name);
   p.shape = std::move(shape);
-  p.init = ParamInit::normal(0.5);
+  p.init = ParamInit::normal({.std = 0.5});
   p.trainable = trainable;
   return p;
 }
@@ -294,7 +294,7 @@ std::vector<UnitSpec> transformer_units(const model::ModelConfig& mc, bool froze
 // checkpoint's values for every param, frozen ones included, not the ones it started with.
 std::vector<UnitSpec> reinitialized(std::vector<UnitSpec> units) {
   for (UnitSpec& u : units) {
-    for (ParamSpec& p : u.params) p.init = ParamInit::uniform(-1.0, 1.0);
+    for (ParamSpec& p : u.params) p.init = ParamInit::uniform({.low = -1.0, .high = 1.0});
   }
   return units;
 }
@@ -407,7 +407,7 @@ void run_resume(const ResumeCase& rc, bool async) {
   CHECK(loaded.saved_world_size == world_size());
   CHECK(loaded.trainer_state == trainer_state);
   CHECK(loaded.bytes_read > 0);
-  CHECK(describe(c.engine().training_state()) == describe(saved_training));
+  CHECK(describe(c.engine().state().training_state()) == describe(saved_training));
   const std::vector<StepResult> c_steps = train_steps(c, kSaveAt, kSteps, rc.overflow);
   for (std::size_t i = 0; i < c_steps.size(); ++i) {
     check_same_step(a_steps[static_cast<std::size_t>(kSaveAt) + i], c_steps[i], kSaveAt + static_cast<std::int64_t>(i));
@@ -655,8 +655,8 @@ Coverage cover(const std::vector<UnitSpec>& units, const std::vector<std::vector
 // Collective: checks that the owned slices of all ranks name every element once, and that the kept ones
 // are the owned ones plus the persistent units whole on every rank.
 void check_coverage(Engine& e, const std::vector<UnitSpec>& units, const std::string& what) {
-  const std::vector<ParamSlice> owned = e.local_slices(true);
-  const std::vector<ParamSlice> kept = e.local_slices(false);
+  const std::vector<ParamSlice> owned = e.state().local_slices(true);
+  const std::vector<ParamSlice> kept = e.state().local_slices(false);
   const std::vector<std::string> owned_all = gather_strings(encode(owned));
   const std::vector<std::string> kept_all = gather_strings(encode(kept));
   std::vector<std::string> errors;
@@ -706,17 +706,17 @@ void check_coverage(Engine& e, const std::vector<UnitSpec>& units, const std::st
 // offload_param included) against test_value. Collective.
 void check_round_trip(Engine& e, const std::string& what) {
   INFO(what);
-  const std::vector<ParamSlice> kept = e.local_slices(false);
+  const std::vector<ParamSlice> kept = e.state().local_slices(false);
   for (const TensorKind k : {TensorKind::param, TensorKind::master, TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
-    if (!e.keeps_state(k)) continue;
+    if (!e.state().keeps_state(k)) continue;
     INFO(tensor_kind_name(k));
     const std::vector<ParamSlice> slices = k == TensorKind::param ? kept : trainable_only(kept);
     const std::vector<std::byte> in = value_bytes(e, k, slices);
     std::vector<std::byte> out(in.size(), std::byte{0xA5});
     std::string error;  // rank-local: caught here so that every rank reaches the collectives below
     try {
-      e.write_state(k, slices, in);
-      e.read_state(k, slices, out);
+      e.state().write_state(k, slices, in);
+      e.state().read_state(k, slices, out);
     } catch (const std::exception& ex) {
       error = ex.what();
     }
@@ -750,7 +750,7 @@ void check_round_trip(Engine& e, const std::string& what) {
 
 // The first element of a param that this rank does not keep, if any.
 std::optional<ParamSlice> element_not_kept(Engine& e) {
-  const std::vector<ParamSlice> kept = e.local_slices(false);
+  const std::vector<ParamSlice> kept = e.state().local_slices(false);
   for (const std::string& unit : e.unit_names()) {
     for (const ParamSpec& p : e.unit_params(unit)) {
       std::vector<bool> have(p.numel(), false);
@@ -807,32 +807,34 @@ TEST_CASE("local_slices cover every element; read_state and write_state round tr
     // Misuse, rank-local: slices this rank does not keep, kinds it has no state of, wrong sizes.
     const std::vector<ParamSlice> past_end{{"block.c", 256, 2, true}};
     std::vector<std::byte> two(2 * sizeof(float));
-    CHECK_THROWS_AS(e->read_state(TensorKind::master, past_end, two), UsageError);
-    CHECK_THROWS_AS(e->write_state(TensorKind::master, past_end, two), UsageError);
+    CHECK_THROWS_AS(e->state().read_state(TensorKind::master, past_end, two), UsageError);
+    CHECK_THROWS_AS(e->state().write_state(TensorKind::master, past_end, two), UsageError);
     const std::vector<ParamSlice> unknown{{"block.nope", 0, 1, true}};
     std::vector<std::byte> one(sizeof(float));
-    CHECK_THROWS_AS(e->read_state(TensorKind::master, unknown, one), UsageError);
+    CHECK_THROWS_AS(e->state().read_state(TensorKind::master, unknown, one), UsageError);
     const std::optional<ParamSlice> foreign = element_not_kept(*e);
     CHECK(foreign.has_value() == (world_size() > 1));
     if (foreign) {
       INFO(fmt::format("{}: element {} of '{}', not kept here", what, foreign->first, foreign->param));
       const std::vector<ParamSlice> slices{*foreign};
-      CHECK_THROWS_AS(e->read_state(TensorKind::param, slices,
-                                    std::span<std::byte>(two).first(e->state_bytes(TensorKind::param, slices))),
-                      UsageError);
-      CHECK_THROWS_AS(e->write_state(TensorKind::param, slices,
-                                     std::span<const std::byte>(two).first(e->state_bytes(TensorKind::param, slices))),
+      CHECK_THROWS_AS(
+          e->state().read_state(TensorKind::param, slices,
+                                std::span<std::byte>(two).first(e->state().state_bytes(TensorKind::param, slices))),
+          UsageError);
+      CHECK_THROWS_AS(e->state().write_state(
+                          TensorKind::param, slices,
+                          std::span<const std::byte>(two).first(e->state().state_bytes(TensorKind::param, slices))),
                       UsageError);
     }
     const std::vector<ParamSlice> frozen{{"small.frozen", 0, 1, false}};
-    CHECK_THROWS_AS(e->read_state(TensorKind::master, frozen, one), UsageError);
-    const std::vector<ParamSlice> trainable = trainable_only(e->local_slices(false));
-    std::vector<std::byte> fp32(e->state_bytes(TensorKind::master, trainable));
+    CHECK_THROWS_AS(e->state().read_state(TensorKind::master, frozen, one), UsageError);
+    const std::vector<ParamSlice> trainable = trainable_only(e->state().local_slices(false));
+    std::vector<std::byte> fp32(e->state().state_bytes(TensorKind::master, trainable));
     std::vector<std::byte> too_long(fp32.size() + 4);
-    CHECK_THROWS_AS(e->read_state(TensorKind::master, trainable, too_long), UsageError);
-    CHECK_THROWS_AS(e->read_state(TensorKind::grad, trainable, fp32), UsageError);
-    if (!e->keeps_state(TensorKind::exp_avg)) {
-      CHECK_THROWS_WITH(e->read_state(TensorKind::exp_avg, trainable, fp32), Contains("keeps no"));
+    CHECK_THROWS_AS(e->state().read_state(TensorKind::master, trainable, too_long), UsageError);
+    CHECK_THROWS_AS(e->state().read_state(TensorKind::grad, trainable, fp32), UsageError);
+    if (!e->state().keeps_state(TensorKind::exp_avg)) {
+      CHECK_THROWS_WITH(e->state().read_state(TensorKind::exp_avg, trainable, fp32), Contains("keeps no"));
     }
   }
 }
@@ -844,17 +846,17 @@ TEST_CASE("read_state and write_state refuse the middle of an accumulation windo
   const model::ModelConfig mc = transformer();
   EngineTrainer t(text.parse(), mc, transformer_units(mc, false));
   Engine& e = t.engine();
-  const std::vector<ParamSlice> kept = e.local_slices(false);
-  std::vector<std::byte> buffer(e.state_bytes(TensorKind::param, kept));
+  const std::vector<ParamSlice> kept = e.state().local_slices(false);
+  std::vector<std::byte> buffer(e.state().state_bytes(TensorKind::param, kept));
   t.forward_backward(0, 0);
   const StepResult first = e.step();
   CHECK(!first.boundary);
-  CHECK_THROWS_AS(e.read_state(TensorKind::param, kept, buffer), UsageError);
-  CHECK_THROWS_AS(e.write_state(TensorKind::param, kept, buffer), UsageError);
-  CHECK_THROWS_AS(e.restore_training_state(e.training_state()), UsageError);
+  CHECK_THROWS_AS(e.state().read_state(TensorKind::param, kept, buffer), UsageError);
+  CHECK_THROWS_AS(e.state().write_state(TensorKind::param, kept, buffer), UsageError);
+  CHECK_THROWS_AS(e.state().restore_training_state(e.state().training_state()), UsageError);
   t.forward_backward(0, 1);
   CHECK(e.step().boundary);
-  CHECK_NOTHROW(e.read_state(TensorKind::param, kept, buffer));
+  CHECK_NOTHROW(e.state().read_state(TensorKind::param, kept, buffer));
 }
 
 // ---- 4. a 1-byte staging area
@@ -878,7 +880,7 @@ TEST_CASE("a save through a 1-byte staging area is complete and loads exactly", 
   training.applied_steps = 7;
   training.lr_iteration = 9;
   training.loss_scale = 1.0;
-  src->restore_training_state(training);
+  src->state().restore_training_state(training);
   const Snapshot expected = expected_values(*src, training);
   CHECK(count_differences(snapshot(*src), expected, "the source engine") == 0);
 
@@ -914,7 +916,7 @@ TEST_CASE("a save through a 1-byte staging area is complete and loads exactly", 
     const std::unique_ptr<Engine> dst = make_engine(cfg, [&] {
       std::vector<UnitSpec> u = units;
       for (UnitSpec& unit : u) {
-        for (ParamSpec& p : unit.params) p.init = ParamInit::uniform(-3.0, 3.0);
+        for (ParamSpec& p : unit.params) p.init = ParamInit::uniform({.low = -3.0, .high = 3.0});
       }
       return u;
     }());

@@ -251,13 +251,13 @@ TEST_CASE("reference init is the counter RNG stored in fp32", "[reference]") {
   ParamSpec p;
   p.name = "blocks.1.attn.qkv.weight";
   p.shape = {3, 5};
-  p.init = ParamInit::normal(0.02, 0.1);
+  p.init = ParamInit::normal({.mean = 0.1, .std = 0.02});
   const auto v = test::reference_init(p, 42);
   const CounterRng rng(42, hash_name(p.name));
   for (std::size_t i = 0; i < v.size(); ++i) {
     CHECK(v[i] == static_cast<double>(static_cast<float>(0.1 + 0.02 * rng.normal(i))));
   }
-  p.init = ParamInit::uniform(-0.5, 0.25);
+  p.init = ParamInit::uniform({.low = -0.5, .high = 0.25});
   const auto u = test::reference_init(p, 42);
   for (std::size_t i = 0; i < u.size(); ++i) {
     CHECK(u[i] == static_cast<double>(static_cast<float>(-0.5 + 0.75 * rng.uniform(i))));

@@ -2,7 +2,7 @@
 // `zero3 train` and for trainers that embed the engine. Every call here is collective: all ranks call it
 // in the same order.
 //
-// A save writes, on every rank, only the rank's own slices (engine.local_slices(owned)) of the params,
+// A save writes, on every rank, only the rank's own slices (engine.state().local_slices(owned)) of the params,
 // fp32 master weights and optimizer moments, plus a manifest (rank 0) holding the engine's training state
 // (step counters, lr schedule, loss scaler), the resolved config and its hash, and the trainer's own state
 // (an opaque JSON object: data-sampler position, RNG seed, ...). It commits by atomic rename after fsync;

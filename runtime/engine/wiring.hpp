@@ -1,0 +1,34 @@
+// What the engine's components (GatherCoordinator, GradReducer, OptimizerStep) share: built once by
+// Engine::Impl::finalize() with designated initializers, so every stream and dtype is named where it is
+// set (a reordered or misnamed designator does not compile) and each component reads the ones it needs by
+// name. Everything referenced is owned by Engine::Impl and outlives the components.
+#pragma once
+
+#include "deferred_free.hpp"
+#include "layout.hpp"
+#include "timeline.hpp"
+#include "zero3/comm/communicator.hpp"
+#include "zero3/config/config.hpp"
+#include "zero3/core/dtype.hpp"
+#include "zero3/device/device.hpp"
+#include "zero3/engine/stats.hpp"
+
+namespace zero3::engine {
+
+struct Wiring {
+  const Layout& layout;
+  const config::Config& config;
+  Device& device;
+  comm::Communicator& communicator;
+  // The trainer's stream: gathers are joined to it, gradient buffers are zero-filled on it.
+  Stream& compute_stream;
+  // Every collective, the accumulation and the optimizer step, in one order.
+  Stream& comm_stream;
+  EventPool& events;
+  DType compute_dtype;  // param shards, gathered params, gradient buffers
+  DType comm_dtype;     // gradient reduction
+  EngineStats& stats;
+  Timeline& timeline;
+};
+
+}  // namespace zero3::engine

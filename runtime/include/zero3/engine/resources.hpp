@@ -1,0 +1,17 @@
+// Optional pieces a trainer can hand the Engine instead of letting it make them from the config.
+#pragma once
+
+#include <memory>
+
+#include "zero3/comm/communicator.hpp"
+#include "zero3/device/device.hpp"
+
+namespace zero3 {
+
+struct EngineResources {
+  std::shared_ptr<Device> device;
+  std::shared_ptr<comm::Bootstrap> bootstrap;
+  std::shared_ptr<comm::Communicator> communicator;  // on `device`; needs `bootstrap` too
+};
+
+}  // namespace zero3
