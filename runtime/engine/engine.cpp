@@ -514,6 +514,9 @@ Device& Engine::device() {
 comm::Communicator& Engine::communicator() {
   return *impl_->communicator;
 }
+std::shared_ptr<comm::Bootstrap> Engine::bootstrap() const {
+  return impl_->bootstrap;
+}
 const config::Config& Engine::config() const {
   return impl_->config;
 }

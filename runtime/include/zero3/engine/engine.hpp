@@ -235,6 +235,7 @@ class Engine {
   Stream& compute_stream();
   Device& device();
   comm::Communicator& communicator();
+  std::shared_ptr<comm::Bootstrap> bootstrap() const;
   const config::Config& config() const;
   EngineStats stats() const;
   void reset_peaks();
