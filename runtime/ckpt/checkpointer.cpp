@@ -236,6 +236,31 @@ struct Checkpointer::Impl {
     return true;
   }
 
+  // The destructor's end of a save no poll() or wait() completed: rank-local, never a collective (it may
+  // run on this rank only, while an exception unwinds). Waits for this rank's writer and logs that the save
+  // is not committed; ROOT/latest still names the previous checkpoint, and ROOT/.tmp.TAG stays until the
+  // next save of the tag removes it.
+  void abandon_flight() noexcept {
+    Flight& f = *flight;
+    if (f.writer.joinable()) f.writer.join();
+    release_storage(f);
+    try {
+      std::string latest = "none";
+      try {
+        if (const std::optional<std::string> l = read_latest(f.root)) latest = *l;
+      } catch (const std::exception& e) {
+        latest = fmt::format("unreadable: {}", e.what());
+      }
+      log::error(
+          "checkpoint {} in {} was not committed: call wait() before destroying the Checkpointer; the previous "
+          "checkpoint is intact (latest: {}){}",
+          f.tag, f.root.string(), latest,
+          f.error.empty() ? "" : fmt::format("; this rank's writer had failed: {}", f.error));
+    } catch (...) {  // a destructor never throws
+    }
+    flight.reset();
+  }
+
   // The flight's staging storage goes back to the system (and out of the memory tracker).
   void release_storage(Flight& f) {
     std::lock_guard lock(f.mutex);
@@ -269,7 +294,32 @@ struct Checkpointer::Impl {
     }
   }
 
+  // Throws on every rank when any rank's engine refuses its state methods now (inside an accumulation
+  // window, a scope open, before finalize(), or an error a scope's destructor kept): UsageError for misuse,
+  // naming the first such rank and `fix`. Checked by every rank before any other collective of the call,
+  // so the ranks never part ways. Collective.
+  void require_boundary(std::string_view call, std::string_view fix) {
+    std::string mine;
+    try {
+      engine.read_state(TensorKind::param, {}, {});  // reads nothing: only the engine's own boundary check
+    } catch (const UsageError& e) {
+      mine = std::string("U") + e.what();
+    } catch (const std::exception& e) {
+      mine = std::string("E") + e.what();
+    }
+    const std::vector<std::string> all = gather_strings(*bootstrap, mine);
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      if (all[r].empty()) continue;
+      const std::string message = fmt::format("{}: rank {}: {}; {}", call, r, all[r].substr(1), fix);
+      if (all[r][0] == 'U') throw UsageError(message);
+      throw Error(message);
+    }
+  }
+
   void save(const fs::path& root, const std::string& tag, std::int64_t step, const Json& trainer_state) {
+    require_boundary(fmt::format("Checkpointer::save('{}')", tag),
+                     "save after the accumulation window's last step() (the one whose StepResult::boundary is "
+                     "true), at an accumulation boundary, with every scope closed");
     if (flight) {  // a second save waits for the first
       std::optional<SaveReport> previous = complete(/*block=*/true);
       if (previous) pending.push_back(std::move(*previous));
@@ -386,6 +436,9 @@ struct Checkpointer::Impl {
   }
 
   LoadResult load(const fs::path& path, std::string_view tag) {
+    require_boundary(fmt::format("Checkpointer::load({})", path.string()),
+                     "load before the first micro-batch or after an accumulation window's last step(), with every "
+                     "scope closed");
     std::string error;
     std::optional<CheckpointReader> reader;
     try {
@@ -516,15 +569,27 @@ struct Checkpointer::Impl {
   }
 };
 
+namespace {
+std::shared_ptr<comm::Bootstrap> non_null(std::shared_ptr<comm::Bootstrap> bootstrap) {
+  if (!bootstrap) {
+    throw UsageError(
+        "Checkpointer: the bootstrap is null: pass the engine's (Engine::bootstrap()), or construct the "
+        "Checkpointer from the engine alone: Checkpointer(engine, options)");
+  }
+  return bootstrap;
+}
+}  // namespace
+
+Checkpointer::Checkpointer(Engine& engine, CheckpointerOptions options)
+    : Checkpointer(engine, engine.bootstrap(), options) {}
+
 Checkpointer::Checkpointer(Engine& engine, std::shared_ptr<comm::Bootstrap> bootstrap, CheckpointerOptions options)
-    : impl_(std::make_unique<Impl>(engine, std::move(bootstrap), options)) {
+    : impl_(std::make_unique<Impl>(engine, non_null(std::move(bootstrap)), options)) {
   if (options.staging_bytes == 0) throw UsageError("Checkpointer: staging_bytes must be > 0");
 }
 
 Checkpointer::~Checkpointer() {
-  if (!impl_->flight) return;
-  if (impl_->flight->writer.joinable()) impl_->flight->writer.join();
-  impl_->release_storage(*impl_->flight);
+  if (impl_->flight) impl_->abandon_flight();
 }
 
 void Checkpointer::save(const fs::path& root, const std::string& tag, std::int64_t step, const Json& trainer_state) {

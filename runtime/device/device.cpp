@@ -47,7 +47,7 @@ Buffer Device::allocate(std::size_t count, DType dtype, MemoryKind kind, MemCate
     throw OutOfMemory(fmt::format("cannot allocate {} elements of {} ({} memory): the size in bytes overflows", count,
                                   dtype_name(dtype), memory_kind_name(kind)));
   }
-  void* p = do_allocate(size_bytes, kind);
+  void* p = do_allocate(size_bytes, kind, category);
   memory_.on_alloc(kind, category, size_bytes);
   return Buffer(this, p, count, dtype, kind, category);
 }
@@ -56,7 +56,7 @@ void Device::release(Buffer& b) noexcept {
   // Account first, free second (allocate does the mirror image): the tracker then never reports more than
   // is really allocated, so a concurrent allocation that reuses the memory cannot push a peak past a cap.
   memory_.on_free(b.kind_, b.category_, b.size_bytes());
-  do_free(b.ptr_, b.size_bytes(), b.kind_);
+  do_free(b.ptr_, b.size_bytes(), b.kind_, b.category_);
 }
 
 }  // namespace zero3

@@ -348,7 +348,7 @@ void* CudaDevice::allocate_pinned(std::size_t size_bytes) {
   return p;
 }
 
-void* CudaDevice::do_allocate(std::size_t size_bytes, MemoryKind kind) {
+void* CudaDevice::do_allocate(std::size_t size_bytes, MemoryKind kind, MemCategory /*category*/) {
   ZERO3_CHECK(!tls_in_host_fn, "Device::allocate called from a host function (CUDA calls are not allowed there)");
   switch (kind) {
     case MemoryKind::device:
@@ -378,7 +378,7 @@ void CudaDevice::release_now(void* ptr, MemoryKind kind) noexcept {
   }
 }
 
-void CudaDevice::do_free(void* ptr, std::size_t size_bytes, MemoryKind kind) noexcept {
+void CudaDevice::do_free(void* ptr, std::size_t size_bytes, MemoryKind kind, MemCategory /*category*/) noexcept {
   if (kind == MemoryKind::pageable_host) {
     std::free(ptr);
     return;

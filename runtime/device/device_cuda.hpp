@@ -84,8 +84,8 @@ class CudaDevice final : public Device {
   void drain_deferred_frees() noexcept;
 
  protected:
-  void* do_allocate(std::size_t size_bytes, MemoryKind kind) override;
-  void do_free(void* ptr, std::size_t size_bytes, MemoryKind kind) noexcept override;
+  void* do_allocate(std::size_t size_bytes, MemoryKind kind, MemCategory category) override;
+  void do_free(void* ptr, std::size_t size_bytes, MemoryKind kind, MemCategory category) noexcept override;
 
  private:
   void* allocate_device_memory(std::size_t size_bytes);

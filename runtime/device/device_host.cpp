@@ -10,8 +10,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <system_error>
 
+#include "scope_guard.hpp"
+#include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/kernels/kernels.hpp"
 
@@ -121,6 +124,8 @@ void HostStream::run() {
     std::exception_ptr failure;
     if (!skip) {
       try {
+        // Host functions may touch guarded scope memory; ordering markers touch none.
+        const detail::scope_guard::StreamWork work(!task.always_run && detail::scope_guard::enabled());
         task.fn();
       } catch (...) {
         failure = std::current_exception();
@@ -168,11 +173,28 @@ void HostStream::launch_host(std::function<void()> fn) {
 
 // ---------------------------------------------------------------- device
 
+namespace {
+// HostDeviceOptions::guard_scope_memory, or the environment's ZERO3_GUARD_SCOPE_MEMORY when unset.
+bool guard_requested(const HostDeviceOptions& options) {
+  if (options.guard_scope_memory) return *options.guard_scope_memory;
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): zero3 never writes the environment
+  const char* value = std::getenv("ZERO3_GUARD_SCOPE_MEMORY");
+  if (value == nullptr || std::string_view(value).empty() || std::string_view(value) == "0") return false;
+  if (std::string_view(value) == "1") return true;
+  throw ConfigError(fmt::format("ZERO3_GUARD_SCOPE_MEMORY: expected 1 (guard on) or 0 (off), got \"{}\"", value));
+}
+}  // namespace
+
+HostDevice::HostDevice(const HostDeviceOptions& options) : options_(options), guard_(guard_requested(options)) {
+  if (guard_) detail::scope_guard::enable();
+}
+
 std::string HostDevice::description() const {
+  const std::string guard = guard_ ? ", scope memory guarded" : "";
   if (options_.capacity_bytes) {
-    return fmt::format("host (simulated device, capacity {} bytes)", *options_.capacity_bytes);
+    return fmt::format("host (simulated device, capacity {} bytes{})", *options_.capacity_bytes, guard);
   }
-  return "host (simulated device)";
+  return fmt::format("host (simulated device{})", guard);
 }
 
 std::unique_ptr<Stream> HostDevice::create_stream(std::string name) {
@@ -221,26 +243,41 @@ std::string memlock_limit_text() {
 }
 }  // namespace
 
-void* HostDevice::do_allocate(std::size_t size_bytes, MemoryKind kind) {
+// Device-kind bytes count against the capacity cap before anything is allocated.
+void HostDevice::reserve_device_bytes(std::size_t size_bytes) {
+  if (!options_.capacity_bytes) {
+    device_bytes_in_use_.fetch_add(size_bytes);
+    return;
+  }
+  std::size_t in_use = device_bytes_in_use_.load();
+  do {
+    if (size_bytes > *options_.capacity_bytes - std::min(in_use, *options_.capacity_bytes)) {
+      throw OutOfMemory(
+          fmt::format("host device out of memory: cannot allocate {} bytes of device memory ({} of {} bytes in use)",
+                      size_bytes, in_use, *options_.capacity_bytes));
+    }
+  } while (!device_bytes_in_use_.compare_exchange_weak(in_use, in_use + size_bytes));
+}
+
+void* HostDevice::do_allocate(std::size_t size_bytes, MemoryKind kind, MemCategory category) {
   const std::size_t alignment = alignment_for(kind);
   if (size_bytes > std::numeric_limits<std::size_t>::max() - alignment) {
     throw OutOfMemory(fmt::format("host device: cannot allocate {} bytes of {} memory (size overflows)", size_bytes,
                                   memory_kind_name(kind)));
   }
-  if (kind == MemoryKind::device && options_.capacity_bytes) {
-    std::size_t in_use = device_bytes_in_use_.load();
-    do {
-      if (size_bytes > *options_.capacity_bytes - std::min(in_use, *options_.capacity_bytes)) {
-        throw OutOfMemory(
-            fmt::format("host device out of memory: cannot allocate {} bytes of device memory ({} of {} bytes in use)",
-                        size_bytes, in_use, *options_.capacity_bytes));
-      }
-    } while (!device_bytes_in_use_.compare_exchange_weak(in_use, in_use + size_bytes));
-  } else if (kind == MemoryKind::device) {
-    device_bytes_in_use_.fetch_add(size_bytes);
-  }
+  if (kind == MemoryKind::device) reserve_device_bytes(size_bytes);
   const std::size_t rounded = rounded_size(size_bytes, alignment);
-  void* p = std::aligned_alloc(alignment, rounded);
+  void* p = nullptr;
+  if (guard_ && detail::scope_guard::guards(kind, category)) {
+    try {
+      p = detail::scope_guard::allocate(size_bytes, category);
+    } catch (...) {
+      device_bytes_in_use_.fetch_sub(size_bytes);
+      throw;
+    }
+  } else {
+    p = std::aligned_alloc(alignment, rounded);
+  }
   if (p == nullptr) {
     if (kind == MemoryKind::device) device_bytes_in_use_.fetch_sub(size_bytes);
     throw OutOfMemory(
@@ -257,11 +294,15 @@ void* HostDevice::do_allocate(std::size_t size_bytes, MemoryKind kind) {
   return p;
 }
 
-void HostDevice::do_free(void* ptr, std::size_t size_bytes, MemoryKind kind) noexcept {
+void HostDevice::do_free(void* ptr, std::size_t size_bytes, MemoryKind kind, MemCategory category) noexcept {
   if (kind == MemoryKind::pinned_host && options_.lock_pinned) {
     munlock(ptr, rounded_size(size_bytes, alignment_for(kind)));
   }
   if (kind == MemoryKind::device) device_bytes_in_use_.fetch_sub(size_bytes);
+  if (guard_ && detail::scope_guard::guards(kind, category)) {
+    detail::scope_guard::release(ptr, size_bytes);
+    return;
+  }
   std::free(ptr);
 }
 

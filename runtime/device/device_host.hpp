@@ -1,7 +1,8 @@
 // Host backend: a simulated device in host memory. Each stream is an in-order queue executed by its
 // own worker thread, so work really runs asynchronously and a missing event shows up as a wrong
-// result in tests. Worker threads sleep on condition variables (never spin): with 4 ranks on 2 cores
-// a spinning thread would starve the one it waits for.
+// result in tests. With guard_scope_memory, gathered params and gradient buffers are inaccessible
+// outside stream work (scope_guard.hpp). Worker threads sleep on condition variables (never spin): with 4 ranks on 2
+// cores a spinning thread would starve the one it waits for.
 #pragma once
 
 #include <atomic>
@@ -86,7 +87,7 @@ class HostStream final : public Stream {
 
 class HostDevice final : public Device {
  public:
-  explicit HostDevice(const HostDeviceOptions& options) : options_(options) {}
+  explicit HostDevice(const HostDeviceOptions& options);
   DeviceKind kind() const override { return DeviceKind::host; }
   std::string description() const override;
   std::unique_ptr<Stream> create_stream(std::string name) override;
@@ -95,11 +96,13 @@ class HostDevice final : public Device {
   const kernels::KernelBackend& kernels() const override;
 
  protected:
-  void* do_allocate(std::size_t size_bytes, MemoryKind kind) override;
-  void do_free(void* ptr, std::size_t size_bytes, MemoryKind kind) noexcept override;
+  void* do_allocate(std::size_t size_bytes, MemoryKind kind, MemCategory category) override;
+  void do_free(void* ptr, std::size_t size_bytes, MemoryKind kind, MemCategory category) noexcept override;
 
  private:
+  void reserve_device_bytes(std::size_t size_bytes);
   HostDeviceOptions options_;
+  bool guard_ = false;                               // scope memory guarded (scope_guard.hpp)
   std::atomic<std::size_t> device_bytes_in_use_{0};  // requested bytes of device kind, for the cap
 };
 

@@ -2,6 +2,21 @@
 // `zero3 train` and for trainers that embed the engine. Every call here is collective: all ranks call it
 // in the same order.
 //
+// Usage (tests/mpi/test_checkpointer.cpp does this at 1-4 ranks):
+//
+//   zero3::ckpt::Checkpointer ckpt(engine);            // the engine's bootstrap; async, 256 MiB staging
+//   if (resuming) ckpt.load("ckpt");                   // ROOT/latest; before the first micro-batch
+//   for (std::int64_t step = start; step < steps; ++step) {
+//     for (int m = 0; m < gas; ++m) { forward_backward(m); engine.step(); }   // the last one: a boundary
+//     for (const auto& r : ckpt.poll()) if (!r.ok) report(r.error);         // commits finished saves
+//     if (step % 500 == 0) ckpt.save("ckpt", fmt::format("global_step{}", step), step, trainer_state);
+//   }
+//   for (const auto& r : ckpt.wait()) if (!r.ok) report(r.error);  // before the Checkpointer goes away
+//
+// save() and load() only at an accumulation boundary (after the window's last step(), or before the first
+// micro-batch) with no scope open: elsewhere they throw UsageError on every rank, before anything is
+// written or read.
+//
 // A save writes, on every rank, only the rank's own slices (engine.state().local_slices(owned)) of the params,
 // fp32 master weights and optimizer moments, plus a manifest (rank 0) holding the engine's training state
 // (step counters, lr schedule, loss scaler), the resolved config and its hash, and the trainer's own state
@@ -15,6 +30,12 @@
 // The commit happens in the first poll() (call it once per step) after every rank's writer finished; a
 // failed write (disk full, ...) is reported there, and the previous checkpoint stays intact. A second
 // save() first waits for the one in flight.
+//
+// Destruction never communicates: a destructor may run on one rank only, while an exception unwinds, and
+// a collective there would hang the job. So a save still in flight (no poll() or wait() completed it) is
+// not committed: the destructor waits for this rank's writer, logs an error naming the tag and what
+// ROOT/latest still names (the previous, complete checkpoint), and leaves ROOT/.tmp.TAG for the next save
+// of that tag to remove. Call wait() on every rank before destroying a Checkpointer.
 //
 // A load works at any world size: each rank reads only the byte ranges of the slices it keeps, a bounded
 // block at a time, verifying each chunk's checksum. A checkpoint whose params (names, shapes) or
@@ -63,14 +84,18 @@ struct LoadResult {
 
 class Checkpointer {
  public:
+  // Collective over the engine's bootstrap (Engine::bootstrap()).
+  explicit Checkpointer(Engine& engine, CheckpointerOptions options = {});
+  // `bootstrap`: the job's, the one the engine was made with (UsageError when null).
   Checkpointer(Engine& engine, std::shared_ptr<comm::Bootstrap> bootstrap, CheckpointerOptions options = {});
-  // Waits for a writer still running (its result is dropped: call wait() to get it). Destroy a
-  // Checkpointer before its Engine.
+  // Rank-local (see above): waits for this rank's writer; a save no poll() or wait() completed is not
+  // committed, and an error naming its tag is logged. Destroy a Checkpointer before its Engine.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // At an accumulation boundary. `step`: the optimizer steps the state holds (the manifest's "step").
+  // At an accumulation boundary with no scope open (UsageError on every rank otherwise). `step`: the
+  // optimizer steps the state holds (the manifest's "step").
   // Synchronous (options.async false): returns after the commit; the next poll() or wait() reports it.
   void save(const std::filesystem::path& root, const std::string& tag, std::int64_t step,
             const nlohmann::json& trainer_state);
@@ -83,7 +108,7 @@ class Checkpointer {
   bool in_flight() const;
 
   // `path`: a checkpoint directory, or a root (then `tag`, or ROOT/latest). At an accumulation boundary
-  // before training (or between steps).
+  // before training (or between steps), with no scope open (UsageError on every rank otherwise).
   LoadResult load(const std::filesystem::path& path, std::string_view tag = {});
 
   struct Impl;

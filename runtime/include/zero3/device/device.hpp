@@ -128,9 +128,10 @@ class Device {
   const MemoryTracker& memory() const { return memory_; }
 
  protected:
-  // Raw allocation and release of `size_bytes` (> 0) of `kind`. do_allocate throws OutOfMemory.
-  virtual void* do_allocate(std::size_t size_bytes, MemoryKind kind) = 0;
-  virtual void do_free(void* ptr, std::size_t size_bytes, MemoryKind kind) noexcept = 0;
+  // Raw allocation and release of `size_bytes` (> 0) of `kind`, for `category` (the host backend's scope
+  // guard places gathered params and gradient buffers apart). do_allocate throws OutOfMemory.
+  virtual void* do_allocate(std::size_t size_bytes, MemoryKind kind, MemCategory category) = 0;
+  virtual void do_free(void* ptr, std::size_t size_bytes, MemoryKind kind, MemCategory category) noexcept = 0;
 
  private:
   friend class Buffer;
@@ -144,6 +145,11 @@ struct HostDeviceOptions {
   // Pinned-host memory is page-locked (mlock). When locking fails (memlock limit), allocation throws
   // OutOfMemory naming the limit.
   bool lock_pinned = true;
+  // Debugging: scope memory (gathered params, gradient buffers: what GatherScope::param and GradScope::grad
+  // point to) is inaccessible while no stream work runs, and a host-thread access outside stream work
+  // aborts with a message naming the buffer and the fix (docs/device.md). Slow. Unset: the environment
+  // variable ZERO3_GUARD_SCOPE_MEMORY decides ("1" on, "0" or unset off).
+  std::optional<bool> guard_scope_memory = std::nullopt;
 };
 
 std::unique_ptr<Device> make_host_device(const HostDeviceOptions& options = {});
