@@ -301,7 +301,7 @@ struct Checkpointer::Impl {
   void require_boundary(std::string_view call, std::string_view fix) {
     std::string mine;
     try {
-      engine.read_state(TensorKind::param, {}, {});  // reads nothing: only the engine's own boundary check
+      engine.state().read_state(TensorKind::param, {}, {});  // reads nothing: only the engine's own boundary check
     } catch (const UsageError& e) {
       mine = std::string("U") + e.what();
     } catch (const std::exception& e) {

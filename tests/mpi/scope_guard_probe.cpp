@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
     const comm::World world = comm::World::from_environment();
     log::set_rank(world.rank, world.size);
     Engine engine(make_config(world.size), world);
-    ParamSpec w{"layer.w", {kIn, kOut}, ParamInit::normal(0.3)};
-    ParamSpec b{"layer.b", {kOut}, ParamInit::uniform(-0.1, 0.1)};
+    ParamSpec w{"layer.w", {kIn, kOut}, ParamInit::normal({.std = 0.3})};
+    ParamSpec b{"layer.b", {kOut}, ParamInit::uniform({.low = -0.1, .high = 0.1})};
     b.weight_decay = false;
     engine.add_unit({"layer", {w, b}});
     engine.finalize();

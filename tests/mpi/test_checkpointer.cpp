@@ -1059,7 +1059,7 @@ TEST_CASE("Checkpointer(engine) takes the engine's bootstrap; a null bootstrap i
   CHECK_THAT(null_error,
              Contains("UsageError: Checkpointer: the bootstrap is null") && Contains("Checkpointer(engine, options)"));
 
-  train(t, 0, 1);
+  train_steps(t, 0, 1);
   const Snapshot saved = snapshot(t.engine());
   {
     ckpt::Checkpointer ck(t.engine());
@@ -1084,7 +1084,7 @@ TEST_CASE("save and load inside an accumulation window or with a scope open thro
   EngineTrainer t(text.parse(), mc, transformer_units(mc, false));
   Engine& e = t.engine();
   ckpt::Checkpointer ck(e);
-  train(t, 0, 1);
+  train_steps(t, 0, 1);
   ck.save(root.path(), "before", 1, Json::object());
   CHECK(ck.wait().size() == 1);
 
@@ -1125,13 +1125,13 @@ TEST_CASE("a Checkpointer destroyed with a save in flight logs that it was not c
   const model::ModelConfig mc = transformer();
   const SharedTempDir root;
   EngineTrainer t(ConfigText{}.parse(), mc, transformer_units(mc, false));
-  train(t, 0, 1);
+  train_steps(t, 0, 1);
   {
     ckpt::Checkpointer ck(t.engine());
     ck.save(root.path(), "kept", 1, Json::object());
     CHECK(ck.wait().size() == 1);
   }
-  train(t, 1, 2);
+  train_steps(t, 1, 2);
   const std::string log = capture_stderr([&] {
     ckpt::Checkpointer ck(t.engine());  // async
     ck.save(root.path(), "lost", 2, Json::object());
