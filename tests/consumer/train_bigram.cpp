@@ -116,11 +116,12 @@ class BigramModel final : public zero3::models::UnitModel {
     tokens_.assign(tokens.begin(), tokens.end());
     targets_.assign(targets.begin(), targets.end());
     rows_ = batch * len;
+    // Sized here, on the calling thread: activation_bytes() reads the size while the stream may still run.
+    probs_.assign(static_cast<std::size_t>(rows_) * kVocab, 0.0);
   }
   void forward_unit(std::size_t /*unit*/, std::span<const zero3::BufferView> params, zero3::Stream& stream) override {
     const float* w = params[0].as<const float>();
     stream.launch_host([this, w] {
-      probs_.assign(static_cast<std::size_t>(rows_) * kVocab, 0.0);
       double total = 0.0;
       for (int r = 0; r < rows_; ++r) {
         const float* row = w + tokens_[r] * kVocab;

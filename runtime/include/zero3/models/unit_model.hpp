@@ -53,7 +53,8 @@ class UnitModel {
                              float seed_scale, Stream& stream) = 0;
 
   // Bytes of activations and scratch the model holds now, and where they live (for the memory report's
-  // activations category).
+  // activations category). Called on the calling thread while work enqueued on the stream may still run:
+  // it must read only what the calling thread sets (sizes fixed by set_batch, not by enqueued work).
   virtual std::size_t activation_bytes() const = 0;
   virtual MemoryKind activation_memory() const = 0;
 };
