@@ -18,8 +18,11 @@ namespace {
 // rank, size, local rank, local size: the order of every array below.
 using Values = std::array<int, 4>;
 
+enum class LauncherKind { mpirun, hydra, srun, generic };
+
 // A complete world read from one launcher's variables.
 struct Launch {
+  LauncherKind kind = LauncherKind::generic;
   Values values{};
   std::array<std::string, 4> names;  // the variable each value came from, for messages
   std::string launcher;              // "mpirun", "srun", ...: for what-to-do hints
@@ -28,6 +31,7 @@ struct Launch {
 
 // A launcher whose four variables give the whole world.
 struct Family {
+  LauncherKind kind;
   std::string_view launcher;
   std::string_view source;
   std::array<std::string_view, 4> names;
@@ -35,19 +39,22 @@ struct Family {
 };
 
 constexpr Family kOpenMpi{
+    LauncherKind::mpirun,
     "mpirun",
     "mpirun (OMPI_COMM_WORLD_*)",
     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
     "Set all four of OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK, "
     "OMPI_COMM_WORLD_LOCAL_SIZE (or none of them), or start the job with mpirun"};
-constexpr Family kGeneric{"torchrun-style variables",
+constexpr Family kGeneric{LauncherKind::generic,
+                          "torchrun-style variables",
                           "environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)",
                           {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
                           "Set all four of RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (or none of them), or "
                           "start the job with mpirun"};
 // MPICH's (and Intel MPI's) Hydra mpiexec. MPI_LOCALRANKID/MPI_LOCALNRANKS are Hydra's own, so they say
 // that Hydra started the process; PMI_RANK/PMI_SIZE alone are also set by srun --mpi=pmi2.
-constexpr Family kHydra{"mpiexec (Hydra)",
+constexpr Family kHydra{LauncherKind::hydra,
+                        "mpiexec (Hydra)",
                         "mpiexec (Hydra: PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS)",
                         {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
                         "Hydra's mpiexec sets all four, except with -pmi-port (then PMI_ID and PMI_PORT, which "
@@ -117,6 +124,7 @@ std::optional<Launch> read_family(const Family& family, const World::EnvLookup& 
     launch.names[i] = std::string(family.names[i]);
   }
   check_world(launch.values, launch.names);
+  launch.kind = family.kind;
   launch.launcher = std::string(family.launcher);
   launch.source = std::string(family.source);
   return launch;
@@ -257,6 +265,7 @@ Launch read_srun_task(const World::EnvLookup& lookup, const StepId& step) {
   launch.names = {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
                   fmt::format("SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID={}]", node)};
   check_world(launch.values, launch.names);
+  launch.kind = LauncherKind::srun;
   launch.launcher = "srun";
   launch.source = fmt::format(
       "srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, and the local size from "
@@ -407,7 +416,7 @@ World World::from_lookup(const EnvLookup& lookup) {
   }
   if (launch && generic) check_generic(*launch, *generic);
   if (!launch) launch = generic;
-  if (launch && launch->launcher != kOpenMpi.launcher && launch->launcher != kHydra.launcher) {
+  if (launch && (launch->kind == LauncherKind::srun || launch->kind == LauncherKind::generic)) {
     check_same_launcher(pmix(), *launch);  // srun --mpi=pmix
     check_same_launcher(pmi(), *launch);   // srun --mpi=pmi2
   }
