@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -194,26 +195,66 @@ MpiRuntime::~MpiRuntime() {
 
 // ---------------------------------------------------------------- MpiBootstrap
 
+namespace {
+
+// What to do when MPI_COMM_WORLD is not the environment's world.
+std::string world_mismatch_hint(const World& world, int mpi_size) {
+  if (mpi_size == 1 && world.size > 1) {
+    if (world.source.rfind("srun", 0) == 0) {
+      return " MPI sees a single process: this MPI library did not join srun's step. Start it through the PMI "
+             "that the MPI library was built with (srun --mpi=pmix; `srun --mpi=list` shows the choices), or start "
+             "the job with mpirun; to run a single process, unset the launcher variables.";
+    }
+    return fmt::format(
+        " This process was not started by mpirun (MPI sees a single process): start the job with `mpirun -np {}`, "
+        "or unset the launcher variables to run a single process.",
+        world.size);
+  }
+  if (world.size == 1 && mpi_size > 1) {
+    return " MPI started several processes but the environment describes one: launch with mpirun alone.";
+  }
+  return " The launcher variables were inherited from another launch or set by hand: start the job with one "
+         "launcher and unset the variables of the others.";
+}
+
+// "" when every rank's environment (rank, size pairs in `claims`, by MPI rank) matches MPI_COMM_WORLD;
+// otherwise the error, which every rank computes alike from the same claims.
+std::string world_mismatch(const World& world, int mpi_rank, int mpi_size, const std::vector<int>& claims) {
+  constexpr std::size_t kShown = 8;
+  std::vector<std::string> wrong;
+  int count = 0;
+  for (int r = 0; r < mpi_size; ++r) {
+    const int rank = claims[2 * static_cast<std::size_t>(r)];
+    const int size = claims[2 * static_cast<std::size_t>(r) + 1];
+    if (rank == r && size == mpi_size) continue;
+    ++count;
+    if (wrong.size() < kShown) wrong.push_back(fmt::format("MPI rank {} has environment rank {} of {}", r, rank, size));
+  }
+  if (count == 0) return "";
+  return fmt::format(
+      "MPI_COMM_WORLD and the launcher environment disagree on {} of {} ranks ({}{}). On this process the launcher "
+      "environment, {}, says rank {} of {}, but MPI_COMM_WORLD has rank {} of {}.{}",
+      count, mpi_size, fmt::join(wrong, "; "), static_cast<std::size_t>(count) > kShown ? "; ..." : "", world.source,
+      world.rank, world.size, mpi_rank, mpi_size, world_mismatch_hint(world, mpi_size));
+}
+
+}  // namespace
+
 MpiBootstrap::MpiBootstrap(std::shared_ptr<MpiRuntime> runtime, const World& world) : runtime_(std::move(runtime)) {
   int mpi_rank = 0;
   int mpi_size = 0;
+  std::vector<int> claims;
   runtime_->thread().call([&] {
     ZERO3_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank));
     ZERO3_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &mpi_size));
+    // Every rank's view, so that a world wrong on one rank is the same ConfigError on all of them
+    // rather than an error there and a hang in the next collective everywhere else.
+    const std::array<int, 2> mine{world.rank, world.size};
+    claims.resize(2 * static_cast<std::size_t>(mpi_size));
+    ZERO3_MPI_CHECK(MPI_Allgather(mine.data(), 2, MPI_INT, claims.data(), 2, MPI_INT, MPI_COMM_WORLD));
   });
-  if (mpi_rank != world.rank || mpi_size != world.size) {
-    std::string hint;
-    if (mpi_size == 1 && world.size > 1) {
-      hint = fmt::format(
-          " This process was not started by mpirun (MPI sees a single process): start the job with `mpirun -np {}`, "
-          "or unset the launcher variables to run a single process.",
-          world.size);
-    } else if (world.size == 1 && mpi_size > 1) {
-      hint = " MPI started several processes but the environment describes one: launch with mpirun alone.";
-    }
-    throw ConfigError(
-        fmt::format("the launcher environment, {}, says rank {} of {}, but MPI_COMM_WORLD has rank {} of {}.{}",
-                    world.source, world.rank, world.size, mpi_rank, mpi_size, hint));
+  if (std::string error = world_mismatch(world, mpi_rank, mpi_size, claims); !error.empty()) {
+    throw ConfigError(error);
   }
   rank_ = world.rank;
   size_ = world.size;

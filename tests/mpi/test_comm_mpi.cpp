@@ -275,6 +275,19 @@ TEST_CASE("the World, MPI and the communicator agree", "[world]") {
                     Contains("MPI_COMM_WORLD has rank") && Contains(fmt::format("of {}", w.size + 1)));
 }
 
+TEST_CASE("a world that is wrong on one rank is a ConfigError on every rank", "[world]") {
+  const auto& w = env().world;
+  if (w.size < 2) return;  // needs a rank that is right to be told about the one that is wrong
+  comm::World wrong = w;
+  if (w.rank == w.size - 1) wrong.rank = 0;  // the last rank's environment says it is rank 0
+  const std::string named = fmt::format("MPI rank {} has environment rank 0 of {}", w.size - 1, w.size);
+  CHECK_THROWS_AS(comm::make_mpi_bootstrap(wrong), ConfigError);
+  CHECK_THROWS_WITH(comm::make_mpi_bootstrap(wrong),
+                    Contains(named) && Contains(fmt::format("1 of {} ranks", w.size)) && Contains(w.source));
+  // Nothing is left half-made: a right world still starts.
+  CHECK(comm::make_mpi_bootstrap(w)->rank() == w.rank);
+}
+
 TEST_CASE("bootstrap broadcast, all_gather and barrier", "[bootstrap]") {
   auto& bs = *env().bootstrap;
   const int p = bs.size();
