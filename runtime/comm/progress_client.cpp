@@ -73,6 +73,24 @@ const std::string& ProgressClient::last_error() const {
   return impl_->last_error;
 }
 
+bool ProgressClient::connect() {
+  if (impl_->fd) return true;
+  const Clock::time_point deadline = Clock::now() + impl_->timeout;
+  std::optional<Failure> failure;
+  try {
+    failure = impl_->connect_and_authenticate(deadline);
+  } catch (const std::exception& e) {
+    failure = Failure{e.what()};
+  }
+  if (!failure) {
+    impl_->last_error.clear();
+    return true;
+  }
+  impl_->fd.reset();
+  impl_->last_error = failure->what;
+  return false;
+}
+
 bool ProgressClient::publish(std::string_view record) {
   if (record.size() > kMaxProgressRecordBytes) {
     throw UsageError(fmt::format("ProgressClient::publish on rank {}: record of {} bytes is over the {} allowed",

@@ -334,7 +334,11 @@ void ProgressServer::Impl::serve_once() {
     Connection& c = *polled[i];
     const short revents = fds[i + 2].revents;
     if (c.closed() || revents == 0) continue;
-    if ((revents & POLLOUT) != 0) flush(c);
+    if ((revents & POLLOUT) != 0) {
+      flush(c);
+      // A request may have arrived behind the answer just sent.
+      if (!c.closed() && c.out.empty() && !c.in.empty()) process_input(c);
+    }
     if (!c.closed() && (revents & (POLLIN | POLLHUP | POLLERR)) != 0 && c.out.empty()) on_readable(c);
   }
   const Clock::time_point now = Clock::now();
@@ -378,11 +382,17 @@ void ProgressServer::Impl::admit(UniqueFd fd, const sockaddr_storage& addr, Cloc
   count(&ProgressServerStats::accepted);
   const auto in_handshake = [](const std::unique_ptr<Connection>& c) { return !c->closed() && !c->authenticated; };
   if (std::count_if(connections.begin(), connections.end(), in_handshake) >= options.max_unauthenticated) {
-    Connection* oldest = nullptr;
+    // The one that has shown least of the protocol gives way, oldest first: a flood of silent sockets then
+    // cannot push out a rank whose preamble has already arrived.
+    Connection* victim = nullptr;
     for (const auto& c : connections) {
-      if (in_handshake(c) && (oldest == nullptr || c->accepted_at < oldest->accepted_at)) oldest = c.get();
+      if (!in_handshake(c)) continue;
+      if (victim == nullptr ||
+          std::pair(c->preamble_seen, c->accepted_at) < std::pair(victim->preamble_seen, victim->accepted_at)) {
+        victim = c.get();
+      }
     }
-    refuse(*oldest, Refusal::too_many, "dropped for a newer connection: too many connections in the handshake");
+    refuse(*victim, Refusal::too_many, "dropped for a newer connection: too many connections in the handshake");
   }
   const int one = 1;
   ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -568,8 +578,6 @@ void ProgressServer::Impl::flush(Connection& c) {
   }
   c.out.clear();
   c.out_sent = 0;
-  // A request may have arrived behind the answer just sent.
-  if (!c.closed() && !c.in.empty() && c.preamble_seen) process_input(c);
 }
 
 void ProgressServer::Impl::expire_handshakes(Clock::time_point now) {

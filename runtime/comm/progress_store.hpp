@@ -51,8 +51,8 @@ struct ProgressServerOptions {
   std::uint16_t port = 0;  // 0: an ephemeral port (ZERO3_PROGRESS_PORT overrides)
   // A connection that has not proven the secret within this long is closed.
   std::chrono::milliseconds auth_timeout{2000};
-  // Connections still in the handshake; when full, the oldest one is dropped for a new one, so a flood of
-  // idle connections cannot keep a rank that reconnects out for longer than one handshake.
+  // Connections still in the handshake; when full, one is dropped for each new one: first those that have
+  // not sent the protocol's preamble, oldest first. Authenticated connections are never dropped for this.
   int max_unauthenticated = 64;
   // Environment seam (tests pass a map); empty: the process environment.
   std::function<std::optional<std::string>(std::string_view name)> env_lookup;
@@ -119,6 +119,9 @@ class ProgressClient {
   ProgressClient(const ProgressClient&) = delete;
   ProgressClient& operator=(const ProgressClient&) = delete;
 
+  // Opens the session now, so that later calls need no handshake (call it at start-up, before anything can
+  // go wrong). Returns whether the server answered within the timeout; a kept session is reused.
+  bool connect();
   // Replaces this rank's record (opaque text, e.g. a JSON object). Throws UsageError when the record is
   // over kMaxProgressRecordBytes. Returns whether the server stored it within the timeout.
   bool publish(std::string_view record);
