@@ -34,6 +34,7 @@ using detail::UniqueFd;
 
 constexpr auto kRefusalLogInterval = std::chrono::seconds(5);
 constexpr auto kAcceptPauseOnFdExhaustion = std::chrono::milliseconds(100);
+constexpr auto kPauseAfterFailure = std::chrono::milliseconds(50);
 constexpr int kMaxAcceptsPerWake = 128;
 constexpr int kListenBacklog = 512;
 // The most a client sends before it has proven the secret: the preamble and one auth frame.
@@ -304,8 +305,10 @@ void ProgressServer::Impl::serve() {
       serve_once();
     } catch (const std::exception& e) {
       log::error("progress server on {}: {} (serving on)", where, e.what());
+      std::this_thread::sleep_for(kPauseAfterFailure);  // a failure that repeats must not spin a core
     } catch (...) {
       log::error("progress server on {}: unknown exception (serving on)", where);
+      std::this_thread::sleep_for(kPauseAfterFailure);
     }
   }
 }

@@ -64,12 +64,13 @@ struct ProgressServerStats {
   std::uint64_t accepted = 0;
   std::uint64_t authenticated = 0;
   std::uint64_t refused_bad_secret = 0;  // wrong MAC, or a rank outside [0, world_size)
-  std::uint64_t refused_garbage = 0;     // a frame that is not the protocol (bad magic, type or length)
-  std::uint64_t refused_oversize = 0;    // a frame length above the limit
-  std::uint64_t refused_timeout = 0;     // no proof of the secret within auth_timeout
-  std::uint64_t refused_too_many = 0;    // dropped to make room under max_unauthenticated
-  std::uint64_t replaced = 0;            // an authenticated connection replaced by a newer one of its rank
-  std::uint64_t requests = 0;            // publish, fetch and failure requests served
+  // Not the protocol: a wrong preamble, frame type or length, a bad frame tag, or a hang-up in the handshake.
+  std::uint64_t refused_garbage = 0;
+  std::uint64_t refused_oversize = 0;  // a frame length above the limit
+  std::uint64_t refused_timeout = 0;   // no proof of the secret within auth_timeout
+  std::uint64_t refused_too_many = 0;  // dropped to make room under max_unauthenticated
+  std::uint64_t replaced = 0;          // an authenticated connection replaced by a newer one of its rank
+  std::uint64_t requests = 0;          // publish, fetch and failure requests served
   std::uint64_t refused_total() const {
     return refused_bad_secret + refused_garbage + refused_oversize + refused_timeout + refused_too_many;
   }

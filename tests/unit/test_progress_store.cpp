@@ -25,6 +25,7 @@
 #include "hmac_sha256.hpp"
 #include "progress_protocol.hpp"
 #include "progress_store.hpp"
+#include "zero3/comm/communicator.hpp"
 #include "zero3/core/error.hpp"
 
 using namespace std::chrono_literals;
@@ -196,6 +197,52 @@ TEST_CASE("an endpoint survives its fixed-size bytes; other bytes are refused", 
   CHECK(back.secret == e.secret);
   CHECK_THROWS_AS(ProgressEndpoint::from_bytes(std::vector<std::byte>(ProgressEndpoint::kWireBytes)), zero3::CommError);
   CHECK_THROWS_AS(ProgressEndpoint::from_bytes(std::span(bytes).first(20)), zero3::CommError);
+}
+
+namespace {
+// A bootstrap of one rank among `size`, whose broadcast delivers `root_bytes` (what rank 0 would send).
+class FakeBootstrap : public zero3::comm::Bootstrap {
+ public:
+  FakeBootstrap(int rank, int size, std::vector<std::byte> root_bytes)
+      : rank_(rank), size_(size), root_bytes_(std::move(root_bytes)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void broadcast(std::vector<std::byte>& bytes, int root) override {
+    REQUIRE(root == 0);
+    REQUIRE(bytes.size() == ProgressEndpoint::kWireBytes);
+    if (rank_ != 0) bytes = root_bytes_;
+    broadcasts_++;
+  }
+  std::vector<std::byte> all_gather(const std::vector<std::byte>&) override { return {}; }
+  void barrier() override {}
+  int broadcasts_ = 0;
+
+ private:
+  int rank_;
+  int size_;
+  std::vector<std::byte> root_bytes_;
+};
+}  // namespace
+
+TEST_CASE("rank 0's endpoint reaches every rank through the bootstrap", "[progress][endpoint]") {
+  ProgressServer server(local_options(2));
+  FakeBootstrap root(0, 2, {});
+  const ProgressEndpoint on_root = zero3::comm::share_progress_endpoint(root, &server);
+  CHECK(root.broadcasts_ == 1);
+  FakeBootstrap other(1, 2, server.endpoint().to_bytes());
+  const ProgressEndpoint on_other = zero3::comm::share_progress_endpoint(other, nullptr);
+  for (const ProgressEndpoint& e : {on_root, on_other}) {
+    CHECK(e.host == server.endpoint().host);
+    CHECK(e.port == server.endpoint().port);
+    CHECK(e.secret == server.endpoint().secret);
+  }
+  ProgressClient client(on_other, 1, 2000ms);
+  CHECK(client.publish("through the bootstrap"));
+  // Rank 0 without a server: every rank gets the same error instead of a hang.
+  FakeBootstrap root_without(0, 2, {});
+  CHECK_THROWS_AS(zero3::comm::share_progress_endpoint(root_without, nullptr), zero3::CommError);
+  FakeBootstrap other_without(1, 2, std::vector<std::byte>(ProgressEndpoint::kWireBytes));
+  CHECK_THROWS_AS(zero3::comm::share_progress_endpoint(other_without, nullptr), zero3::CommError);
 }
 
 TEST_CASE("the server binds loopback for one host, the named address otherwise, never the wildcard",
@@ -551,7 +598,10 @@ TEST_CASE("a server that is gone makes every call fail within the timeout", "[pr
   const ProgressEndpoint e = server->endpoint();
   ProgressClient client(e, 0, kTimeout);
   REQUIRE(client.publish("step 1"));
+  const auto destroying = Clock::now();
   server.reset();
+  // The server thread sleeps in poll() for up to a second when idle; the wake-up makes destruction prompt.
+  CHECK(Clock::now() - destroying < 900ms);
   for (int i = 0; i < 3; ++i) {
     const auto start = Clock::now();
     CHECK_FALSE(client.fetch());
