@@ -40,8 +40,8 @@ void store_be32(std::uint32_t v, std::byte* p) {
 Sha256::Sha256() : state_(kInitialState) {}
 
 void Sha256::compress(const std::byte* block) {
-  std::array<std::uint32_t, 64> w;  // the message schedule, section 6.2.2 step 1
-  for (int t = 0; t < 16; ++t) w[t] = load_be32(block + 4 * t);
+  std::array<std::uint32_t, 64> w{};  // the message schedule, section 6.2.2 step 1
+  for (std::size_t t = 0; t < 16; ++t) w[t] = load_be32(block + 4 * t);
   for (int t = 16; t < 64; ++t) {
     const std::uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
     const std::uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
@@ -98,7 +98,7 @@ Sha256Digest Sha256::finish() {
   for (int i = 0; i < 8; ++i) padding[pad_bytes + i] = std::byte((total_bits >> (56 - 8 * i)) & 0xff);
   update(std::span(padding.data(), pad_bytes + 8));
   Sha256Digest digest;
-  for (int i = 0; i < 8; ++i) store_be32(state_[i], digest.data() + 4 * i);
+  for (std::size_t i = 0; i < 8; ++i) store_be32(state_[i], digest.data() + 4 * i);
   return digest;
 }
 
@@ -117,7 +117,7 @@ HmacSha256::HmacSha256(std::span<const std::byte> key) {
   } else {
     std::copy(key.begin(), key.end(), block_key.begin());
   }
-  std::array<std::byte, kBlockBytes> inner_key_pad;
+  std::array<std::byte, kBlockBytes> inner_key_pad{};
   for (std::size_t i = 0; i < kBlockBytes; ++i) {
     inner_key_pad[i] = block_key[i] ^ std::byte{0x36};
     outer_key_pad_[i] = block_key[i] ^ std::byte{0x5c};

@@ -161,16 +161,16 @@ std::optional<Failure> ProgressClient::Impl::open_socket(Clock::time_point deadl
   const int connect_rc = fd ? ::connect(fd.get(), found->ai_addr, found->ai_addrlen) : -1;
   const int connect_errno = errno;
   ::freeaddrinfo(found);
-  if (!fd) return Failure{where() + ": socket failed: " + std::strerror(connect_errno)};
+  if (!fd) return Failure{where() + ": socket failed: " + detail::errno_text(connect_errno)};
   if (connect_rc != 0 && connect_errno != EINPROGRESS) {
-    return Failure{"connect to " + where() + ": " + std::strerror(connect_errno)};
+    return Failure{"connect to " + where() + ": " + detail::errno_text(connect_errno)};
   }
   if (connect_rc != 0) {
     if (auto f = wait_for(POLLOUT, deadline)) return f;
     int err = 0;
     socklen_t length = sizeof(err);
     if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &length) != 0) err = errno;
-    if (err != 0) return Failure{"connect to " + where() + ": " + std::strerror(err)};
+    if (err != 0) return Failure{"connect to " + where() + ": " + detail::errno_text(err)};
   }
   const int one = 1;
   ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -180,7 +180,7 @@ std::optional<Failure> ProgressClient::Impl::open_socket(Clock::time_point deadl
 std::optional<Failure> ProgressClient::Impl::connect_and_authenticate(Clock::time_point deadline) {
   if (auto f = open_socket(deadline)) return f;
   if (auto f = send_all(std::as_bytes(std::span(detail::kPreamble)), deadline)) return f;
-  std::array<std::byte, detail::kPreamble.size()> preamble;
+  std::array<std::byte, detail::kPreamble.size()> preamble{};
   if (auto f = recv_exact(preamble.data(), preamble.size(), deadline)) return f;
   if (std::memcmp(preamble.data(), detail::kPreamble.data(), preamble.size()) != 0) {
     return Failure{where() + " does not speak the zero3 progress protocol"};
@@ -250,7 +250,7 @@ std::optional<Failure> ProgressClient::Impl::wait_for(short events, Clock::time_
     pollfd p{fd.get(), events, 0};
     const int ready = ::poll(&p, 1, int(std::min<std::int64_t>(left, 60'000)));
     if (ready > 0) return std::nullopt;  // errors and hang-ups show in the read or write that follows
-    if (ready < 0 && errno != EINTR) return Failure{where() + ": poll failed: " + std::strerror(errno)};
+    if (ready < 0 && errno != EINTR) return Failure{where() + ": poll failed: " + detail::errno_text(errno)};
   }
 }
 
@@ -267,7 +267,7 @@ std::optional<Failure> ProgressClient::Impl::send_all(std::span<const std::byte>
       if (auto f = wait_for(POLLOUT, deadline)) return f;
       continue;
     }
-    return Failure{"send to " + where() + ": " + std::strerror(errno), true};
+    return Failure{"send to " + where() + ": " + detail::errno_text(errno), true};
   }
   return std::nullopt;
 }
@@ -286,7 +286,7 @@ std::optional<Failure> ProgressClient::Impl::recv_exact(std::byte* out, std::siz
       if (auto f = wait_for(POLLIN, deadline)) return f;
       continue;
     }
-    return Failure{"receive from " + where() + ": " + std::strerror(errno), true};
+    return Failure{"receive from " + where() + ": " + detail::errno_text(errno), true};
   }
   return std::nullopt;
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "hmac_sha256.hpp"
 #include "zero3/comm/communicator.hpp"
@@ -14,6 +15,10 @@
 
 namespace zero3::comm {
 namespace detail {
+
+std::string errno_text(int err) {
+  return std::generic_category().message(err);
+}
 
 void UniqueFd::reset(int fd) {
   if (fd_ >= 0) ::close(fd_);
@@ -49,8 +54,8 @@ void fill_random(std::span<std::byte> out) {
     }
   }
   if (filled != out.size()) {
-    throw CommError("progress store: cannot draw random bytes (getrandom and /dev/urandom failed: " +
-                    std::string(std::strerror(errno)) + ")");
+    throw CommError(
+        "progress store: cannot draw random bytes (getrandom and /dev/urandom failed: " + errno_text(errno) + ")");
   }
 }
 
@@ -123,7 +128,7 @@ std::array<std::byte, kTagBytes> frame_tag(const SessionDirection& s, std::uint8
   mac.update(prefix);
   mac.update(body);
   const Sha256Digest full = mac.finish();
-  std::array<std::byte, kTagBytes> tag;
+  std::array<std::byte, kTagBytes> tag{};
   std::copy_n(full.begin(), kTagBytes, tag.begin());
   return tag;
 }

@@ -76,6 +76,9 @@ using Proof = std::array<std::byte, kProofBytes>;
 using SessionKey = std::array<std::byte, 32>;
 using Secret = std::array<std::byte, kProgressSecretBytes>;
 
+// strerror's text, thread-safe (the server thread and the clients' threads report errors concurrently).
+std::string errno_text(int err);
+
 // Random bytes from getrandom(2) (or /dev/urandom); throws CommError when neither works.
 void fill_random(std::span<std::byte> out);
 

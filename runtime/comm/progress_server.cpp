@@ -30,6 +30,7 @@ namespace zero3::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using detail::errno_text;
 using detail::UniqueFd;
 
 constexpr auto kRefusalLogInterval = std::chrono::seconds(5);
@@ -41,10 +42,6 @@ constexpr int kListenBacklog = 512;
 constexpr std::size_t kHandshakeInputBytes =
     detail::kPreamble.size() + detail::kFrameHeaderBytes + 1 + detail::kAuthBody;
 constexpr std::size_t kSessionInputBytes = detail::kFrameHeaderBytes + detail::kMaxClientFrame;
-
-std::string errno_text(int err) {
-  return std::strerror(err);
-}
 
 // "127.0.0.1:41234" or "[fe80::1]:41234".
 std::string describe_address(const sockaddr_storage& addr) {
@@ -107,6 +104,7 @@ using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
 EnvLookup environment_or(const EnvLookup& lookup) {
   if (lookup) return lookup;
   return [](std::string_view name) -> std::optional<std::string> {
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): zero3 never sets the environment
     const char* value = std::getenv(std::string(name).c_str());
     if (value == nullptr) return std::nullopt;
     return std::string(value);
@@ -133,11 +131,13 @@ BindChoice choose_bind(const ProgressServerOptions& options) {
   }
   choice.port = options.port;
   if (choice.port == 0) {
-    if (auto port = env("ZERO3_PROGRESS_PORT"); port && !port->empty()) {
+    const std::string port = env("ZERO3_PROGRESS_PORT").value_or("");
+    if (!port.empty()) {
       unsigned value = 0;
-      const auto [end, ec] = std::from_chars(port->data(), port->data() + port->size(), value);
-      if (ec != std::errc() || end != port->data() + port->size() || value > 65535) {
-        throw ConfigError("ZERO3_PROGRESS_PORT='" + *port + "' is not a port number (0-65535)");
+      const char* end_of_text = port.data() + port.size();
+      const auto [end, ec] = std::from_chars(port.data(), end_of_text, value);
+      if (ec != std::errc() || end != end_of_text || value > 65535) {
+        throw ConfigError("ZERO3_PROGRESS_PORT='" + port + "' is not a port number (0-65535)");
       }
       choice.port = std::uint16_t(value);
     }
