@@ -44,7 +44,8 @@ struct ProgressEndpoint {
 struct ProgressServerOptions {
   int world_size = 1;  // ranks 0 .. world_size-1 may authenticate
   // Every rank runs on this host (World::local_size == World::size): bind 127.0.0.1. Otherwise bind the
-  // address named by ZERO3_PROGRESS_ADDR, else the first non-loopback address of this host's name.
+  // address named by ZERO3_PROGRESS_ADDR, else the first non-loopback address of this host's name, else
+  // the first IPv4 address of an interface that is up and not loopback (logged).
   bool single_host = true;
   // Overrides the choice above (tests); a numeric address. Never defaults to 0.0.0.0.
   std::string bind_address;

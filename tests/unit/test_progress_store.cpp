@@ -294,11 +294,15 @@ TEST_CASE("the server binds loopback for one host, the named address otherwise, 
     CHECK_THROWS_AS(ProgressServer(o), zero3::ConfigError);
   }
   {
-    // Across hosts without ZERO3_PROGRESS_ADDR: this host's own address, or an error that names the variable.
+    // Across hosts without ZERO3_PROGRESS_ADDR: an address of this host other ranks can reach (not
+    // loopback, not the wildcard), or an error that names the variable.
     auto o = local_options(1);
     o.single_host = false;
     try {
-      const std::string host = ProgressServer(o).endpoint().host;
+      ProgressServer server(o);
+      const std::string host = server.endpoint().host;
+      ProgressClient client(server.endpoint(), 0, 2000ms);
+      CHECK(client.publish("over " + host));
       CHECK(host != "0.0.0.0");
       CHECK(host.rfind("127.", 0) != 0);
       CHECK(host != "::1");
