@@ -45,8 +45,14 @@ const char* signal_name(int sig) noexcept {
   }
 }
 
-void write_stderr(const char* text) noexcept {
-  (void)::write(STDERR_FILENO, text, std::strlen(text));
+// "zero3: <signal><what>\n" in one write(), so the lines of ranks sharing a terminal do not interleave.
+void write_notice(const char* signal, const char* what) noexcept {
+  char line[256];
+  std::size_t n = 0;
+  for (const char* part : {"zero3: ", signal, what, "\n"}) {
+    for (const char* c = part; *c != '\0' && n < sizeof line; ++c) line[n++] = *c;
+  }
+  (void)::write(STDERR_FILENO, line, n);
 }
 
 // Only atomics, clock_gettime, write and _exit: all async-signal-safe.
@@ -57,13 +63,10 @@ extern "C" void on_stop_signal(int sig) {
   const char* name = signal_name(sig);
   if (g_reason.compare_exchange_strong(none, sig)) {
     g_first_request_ns.store(now);
-    write_stderr("zero3: ");
-    write_stderr(name != nullptr ? name : "stop signal");
-    write_stderr(" received: stopping after this optimizer step (a second signal ends the process at once)\n");
+    write_notice(name != nullptr ? name : "stop signal",
+                 " received: stopping after this optimizer step (a second signal ends the process at once)");
   } else if (now - g_first_request_ns.load() > g_repeat_window_ns.load()) {
-    write_stderr("zero3: ");
-    write_stderr(name != nullptr ? name : "stop signal");
-    write_stderr(" received again: exiting at once, without a checkpoint\n");
+    write_notice(name != nullptr ? name : "stop signal", " received again: exiting at once, without a checkpoint");
     ::_exit(128 + sig);
   }
   errno = saved_errno;
