@@ -18,3 +18,12 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
                    ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
   set_tests_properties(mpi.train_preempt PROPERTIES LABELS "mpi" TIMEOUT 600)
 endif()
+
+# `zero3 bench stop-agreement` at world size 2 runs end to end and reports its figures (not their values).
+if(TARGET zero3)
+  add_test(NAME mpi.bench_stop_agreement.np2
+           COMMAND ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS} -np 2 $<TARGET_FILE:zero3> bench stop-agreement --json
+                   --steps 100 --repeats 2)
+  set_tests_properties(mpi.bench_stop_agreement.np2 PROPERTIES LABELS "mpi" TIMEOUT 120
+                       PASS_REGULAR_EXPRESSION "\"agree_us\": [0-9.]+.*\"barrier_us\": [0-9.]+")
+endif()
