@@ -132,9 +132,9 @@ bool Trainer::stop_agreed(std::int64_t done) {
 }
 
 void Trainer::maybe_save(std::int64_t done, bool force) {
-  if (options_.save_dir.empty()) return;
+  if (options_.save_dir.empty() || saved_step_ == done) return;  // the final save may fall on an interval's
   const bool due = options_.save_interval && done % *options_.save_interval == 0;
-  if (!(due || (force && saved_step_ != done))) return;
+  if (!(due || force)) return;
   checkpointer_->save(options_.save_dir, fmt::format("global_step{}", done), done, data_.position(done));
   saved_step_ = done;
 }
