@@ -20,6 +20,7 @@ std::atomic<int> g_reason{0};
 std::atomic<std::int64_t> g_first_request_ns{0};
 std::atomic<std::int64_t> g_repeat_window_ns{0};
 std::atomic<bool> g_installed{false};
+std::atomic<int> g_rank{-1};  // for the handler's notice
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<std::int64_t>::is_always_lock_free);
 
 std::int64_t monotonic_ns() noexcept {
@@ -45,11 +46,26 @@ const char* signal_name(int sig) noexcept {
   }
 }
 
-// "zero3: <signal><what>\n" in one write(), so the lines of ranks sharing a terminal do not interleave.
+// "zero3 rank R: <signal><what>\n" in one write(), so the lines of ranks sharing a terminal do not
+// interleave. No formatting library here: only what is async-signal-safe.
 void write_notice(const char* signal, const char* what) noexcept {
+  char rank[16] = "";
+  if (int r = g_rank.load(); r >= 0) {
+    char digits[12];
+    int d = 0;
+    do {
+      digits[d++] = static_cast<char>('0' + r % 10);
+      r /= 10;
+    } while (r > 0 && d < 11);
+    int n = 0;
+    rank[n++] = ' ';
+    for (const char* c = "rank "; *c != '\0'; ++c) rank[n++] = *c;
+    while (d > 0) rank[n++] = digits[--d];
+    rank[n] = '\0';
+  }
   char line[256];
   std::size_t n = 0;
-  for (const char* part : {"zero3: ", signal, what, "\n"}) {
+  for (const char* part : {"zero3", static_cast<const char*>(rank), ": ", signal, what, "\n"}) {
     for (const char* c = part; *c != '\0' && n < sizeof line; ++c) line[n++] = *c;
   }
   (void)::write(STDERR_FILENO, line, n);
@@ -100,6 +116,7 @@ struct StopSignals::Saved {
 
 StopSignals::StopSignals(StopSignalOptions options) {
   if (g_installed.exchange(true)) throw UsageError("StopSignals: the stop handlers are installed already");
+  g_rank.store(options.rank);
   g_repeat_window_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(options.repeat_window).count());
   struct sigaction action {};
   action.sa_handler = on_stop_signal;

@@ -163,7 +163,7 @@ kill -CONT "$rank1" 2>/dev/null
 finish
 code=$?
 [[ $code -ne 0 && $code -ne 75 ]] || fail "second: exit $code (0 or 75 claim a clean stop)"
-grep -q "SIGTERM received again: exiting at once" "$tmp/second.out" || fail "second: no 'exiting at once' notice"
+grep -q "zero3 rank 0: SIGTERM received again: exiting at once" "$tmp/second.out" || fail "second: no 'exiting at once' notice"
 [[ ! -e "$tmp/second/latest" ]] || fail "second: a checkpoint was written"
 echo "second signal: rank 0 exited $elapsed s after it; the job's exit status $code"
 

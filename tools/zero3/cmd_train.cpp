@@ -178,7 +178,7 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
   // After MPI start-up (inside UnitTrainer), which may install handlers of its own; a signal before
   // this point ends the rank as it always did, with no step lost.
   train::clear_stop_request();
-  const train::StopSignals stop_signals;
+  const train::StopSignals stop_signals({.rank = world.rank});
   train::Trainer trainer(unit_trainer, data, trainer_options(o, cfg));
   add_observers(trainer, o, cfg, world.rank);
   trainer.add_observer(last_step);

@@ -42,6 +42,7 @@ struct StopSignalOptions {
   // scheduler that signals every process while the launcher forwards to its children); one after it
   // ends the process at once with status 128 + signal.
   std::chrono::milliseconds repeat_window{1000};
+  int rank = -1;  // named in the handler's notice on stderr ("zero3 rank 1: SIGTERM received: ..."); -1: none
 };
 
 // Installs the stop handlers for the process (SA_RESTART, so blocked system calls resume). One at a time
