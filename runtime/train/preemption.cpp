@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <system_error>
 
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
@@ -114,7 +115,7 @@ struct StopSignals::Saved {
   struct sigaction previous {};
 };
 
-StopSignals::StopSignals(StopSignalOptions options) {
+StopSignals::StopSignals(const StopSignalOptions& options) {
   if (g_installed.exchange(true)) throw UsageError("StopSignals: the stop handlers are installed already");
   g_rank.store(options.rank);
   g_repeat_window_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(options.repeat_window).count());
@@ -126,7 +127,7 @@ StopSignals::StopSignals(StopSignalOptions options) {
     Saved s;
     s.signal = sig;
     if (::sigaction(sig, &action, &s.previous) != 0) {
-      const std::string why = std::strerror(errno);
+      const std::string why = std::generic_category().message(errno);
       for (const Saved& done : saved_) ::sigaction(done.signal, &done.previous, nullptr);
       saved_.clear();
       g_installed.store(false);

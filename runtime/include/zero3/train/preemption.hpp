@@ -50,7 +50,7 @@ struct StopSignalOptions {
 // Install it after MPI is initialized: an MPI library may install handlers of its own at start-up.
 class StopSignals {
  public:
-  explicit StopSignals(StopSignalOptions options = {});
+  explicit StopSignals(const StopSignalOptions& options = {});
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
