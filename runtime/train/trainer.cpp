@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -31,6 +32,15 @@ double sum_over_ranks(comm::Bootstrap& b, double v) {
     sum += x;
   }
   return sum;
+}
+
+// The step of a tag the loop wrote ("global_step<N>"), -1 for another.
+std::int64_t step_of_tag(std::string_view tag) {
+  constexpr std::string_view kPrefix = "global_step";
+  if (!tag.starts_with(kPrefix)) return -1;
+  std::int64_t step = -1;
+  const auto [end, ec] = std::from_chars(tag.data() + kPrefix.size(), tag.data() + tag.size(), step);
+  return ec == std::errc() && end == tag.data() + tag.size() ? step : -1;
 }
 
 }  // namespace
@@ -99,6 +109,7 @@ void Trainer::report_saves(const std::vector<ckpt::SaveReport>& reports) {
         const std::optional<std::string> latest = ckpt::read_latest(options_.save_dir);
         events::emit({.level = log::Level::error,
                       .kind = "checkpoint_save_failed",
+                      .step = step_of_tag(r.tag),
                       .message = fmt::format("checkpoint {} failed: {}; the previous checkpoint is intact (latest: {})",
                                              r.tag, r.error, latest.value_or("none")),
                       .fields = {{"tag", r.tag}, {"path", r.dir.string()}, {"error", r.error}}});

@@ -176,7 +176,7 @@ if mount -t tmpfs -o size=2400k tmpfs "$tmp/full" 2>/dev/null; then
   [[ $code -ne 0 ]] || fail "full disk: exit 0"
   grep -q "No space left on device\|no space left on device" "$tmp/full.out" || fail "full disk: no ENOSPC message: $(grep -i checkpoint "$tmp/full.out" | head -n 3)"
   grep -q "previous checkpoint is intact (latest: global_step3)" "$tmp/full.out" || fail "full disk: the report does not name the intact checkpoint"
-  grep -q '"kind": "checkpoint_save_failed".*latest: global_step3' "$tmp/full-run/events.jsonl" ||
+  grep -q '"step": 6, "kind": "checkpoint_save_failed".*latest: global_step3' "$tmp/full-run/events.jsonl" ||
     fail "full disk: no checkpoint_save_failed event in the run directory"
   [[ "$(wc -l <"$tmp/full.jsonl")" -ge 1 ]] && grep -q '"step": *6\|"step":6' "$tmp/full.jsonl" || fail "full disk: training did not complete"
   "$zero3" ckpt info "$tmp/full/ckpt" >/dev/null 2>&1 || fail "full disk: the previous checkpoint does not verify"
