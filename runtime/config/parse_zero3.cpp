@@ -81,6 +81,18 @@ void parse_comm(ObjectReader& z, Context& cx) {
   r.finish();
 }
 
+void parse_alerts(ObjectReader& z, Context& cx) {
+  const Json* j = z.get_object("alerts");
+  if (j == nullptr) return;
+  ObjectReader r(*j, z.path_of("alerts"), "zero3.alerts", cx.sink);
+  AlertSettings& a = cx.config.zero3.alerts;
+  r.get_string("command", a.command);
+  std::string level = "warning";
+  r.get_choice("level", level, {"warning", "error"});
+  a.errors_only = level == "error";
+  r.finish();
+}
+
 }  // namespace
 
 void parse_zero3_block(ObjectReader& top, Context& cx) {
@@ -102,6 +114,7 @@ void parse_zero3_block(ObjectReader& top, Context& cx) {
   parse_data(r, cx);
   parse_run(r, cx);
   parse_comm(r, cx);
+  parse_alerts(r, cx);
   std::string device = "auto";
   r.get_choice("device", device, {"auto", "host", "cuda"});
   s.device = device == "host" ? DeviceChoice::host : device == "cuda" ? DeviceChoice::cuda : DeviceChoice::automatic;

@@ -524,6 +524,8 @@ constexpr KeySpec kKeys[] = {
     {"zero3", "data", "object", "{}", S::implemented, A::rejected, "the training data"},
     {"zero3", "run", "object", "none", S::implemented, A::rejected, "run length; feeds scheduler \"auto\" values"},
     {"zero3", "comm", "object", "{}", S::implemented, A::rejected, "communication backend"},
+    {"zero3", "alerts", "object", "{}", S::implemented, A::rejected,
+     "a command run with each warning/error event on stdin (docs/train.md)"},
     {"zero3", "device", "\"auto\" | \"host\" | \"cuda\"", "\"auto\"", S::implemented, A::rejected,
      "auto: cuda when a GPU is present, else host"},
     {"zero3.model", "type", "\"gpt\" | \"mlp\"", "\"gpt\"", S::implemented, A::rejected, ""},
@@ -542,6 +544,11 @@ constexpr KeySpec kKeys[] = {
     {"zero3.comm", "timeout_s", "number > 0", "300", S::implemented, A::rejected, "collective watchdog timeout"},
     {"zero3.comm", "backend", "\"auto\" | \"mpi\" | \"nccl\"", "\"auto\"", S::implemented, A::rejected,
      "auto: nccl with cuda, else mpi"},
+    {"zero3.alerts", "command", "string", "\"\"", S::implemented, A::rejected,
+     "run by /bin/sh -c (zero3 train: on the rank that emits the event) with the event's JSON line on stdin; "
+     "empty: none"},
+    {"zero3.alerts", "level", "\"warning\" | \"error\"", "\"warning\"", S::implemented, A::rejected,
+     "the least event level that runs the command"},
 };
 
 }  // namespace

@@ -259,6 +259,7 @@ Json zero3_json(const Zero3Settings& s) {
       {"source", s.data.source}, {"markov_order", s.data.markov_order}, {"heldout_fraction", s.data.heldout_fraction}};
   if (s.run) j["run"] = {{"steps", s.run->steps}, {"log_interval", s.run->log_interval}};
   j["comm"] = {{"timeout_s", s.comm.timeout_s}, {"backend", str(to_string(s.comm.backend))}};
+  j["alerts"] = {{"command", s.alerts.command}, {"level", s.alerts.errors_only ? "error" : "warning"}};
   j["device"] = str(to_string(s.device));
   return j;
 }

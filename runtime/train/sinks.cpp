@@ -56,16 +56,10 @@ void LogLine::on_log(const LogEvent& e) {
 }
 
 void LogLine::on_save(const ckpt::SaveReport& rep) {
-  if (rank_ != 0) return;
-  if (rep.ok) {
-    fmt::print("checkpoint {}: {:.1f} MB in {:.2f} s (training blocked {:.3f} s) -> {}\n", rep.tag,
-               static_cast<double>(rep.bytes) / 1e6, rep.total_s, rep.snapshot_s, rep.dir.string());
-    std::fflush(stdout);
-    return;
-  }
-  const std::optional<std::string> latest = save_dir_.empty() ? std::nullopt : ckpt::read_latest(save_dir_);
-  log::error("checkpoint {} failed: {}; the previous checkpoint is intact (latest: {})", rep.tag, rep.error,
-             latest.value_or("none"));
+  if (rank_ != 0 || !rep.ok) return;  // the loop reports a failure as an event, which logs it
+  fmt::print("checkpoint {}: {:.1f} MB in {:.2f} s (training blocked {:.3f} s) -> {}\n", rep.tag,
+             static_cast<double>(rep.bytes) / 1e6, rep.total_s, rep.snapshot_s, rep.dir.string());
+  std::fflush(stdout);
 }
 
 void ProgressLine::on_step(const StepEvent& e) {

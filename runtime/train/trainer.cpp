@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <utility>
 
+#include "zero3/ckpt/checkpoint.hpp"
 #include "zero3/core/error.hpp"
+#include "zero3/core/events.hpp"
 
 namespace zero3::train {
 namespace {
@@ -29,6 +32,15 @@ double sum_over_ranks(comm::Bootstrap& b, double v) {
     sum += x;
   }
   return sum;
+}
+
+// The step of a tag the loop wrote ("global_step<N>"), -1 for another.
+std::int64_t step_of_tag(std::string_view tag) {
+  constexpr std::string_view kPrefix = "global_step";
+  if (!tag.starts_with(kPrefix)) return -1;
+  std::int64_t step = -1;
+  const auto [end, ec] = std::from_chars(tag.data() + kPrefix.size(), tag.data() + tag.size(), step);
+  return ec == std::errc() && end == tag.data() + tag.size() ? step : -1;
 }
 
 }  // namespace
@@ -91,15 +103,49 @@ double Trainer::train_step(std::int64_t step) {
 
 void Trainer::report_saves(const std::vector<ckpt::SaveReport>& reports) {
   for (const ckpt::SaveReport& r : reports) {
-    if (!r.ok) ++summary_.failed_saves;
+    if (!r.ok) {
+      ++summary_.failed_saves;
+      if (unit_trainer_.bootstrap()->rank() == 0) {  // the report is the same on every rank
+        const std::optional<std::string> latest = ckpt::read_latest(options_.save_dir);
+        events::emit({.level = log::Level::error,
+                      .kind = "checkpoint_save_failed",
+                      .step = step_of_tag(r.tag),
+                      .message = fmt::format("checkpoint {} failed: {}; the previous checkpoint is intact (latest: {})",
+                                             r.tag, r.error, latest.value_or("none")),
+                      .fields = {{"tag", r.tag}, {"path", r.dir.string()}, {"error", r.error}}});
+      }
+    }
     notify([&](TrainObserver& o) { o.on_save(r); });
   }
 }
 
+// A failed save leaves `checkpoint` unset and no outcome event: its own event says what failed, and run()
+// throws.
+void Trainer::finish_preemption(const std::vector<ckpt::SaveReport>& saves, double save_s) {
+  Preemption& p = *summary_.preempted;
+  if (!options_.save_dir.empty()) {
+    const std::string tag = fmt::format("global_step{}", p.step);
+    const auto it = std::find_if(saves.begin(), saves.end(), [&](const ckpt::SaveReport& r) { return r.tag == tag; });
+    if (it == saves.end() || !it->ok) return;
+    p.checkpoint = it->dir;
+    p.save_s = save_s;
+  }
+  emit_preemption_outcome(p, unit_trainer_.bootstrap()->rank());
+}
+
+bool Trainer::stop_agreed(std::int64_t done) {
+  if (!options_.stop_on_request || done >= options_.steps) return false;  // the last step ends the run anyway
+  const StopAgreement a = agree_on_stop(*unit_trainer_.bootstrap());
+  if (!a.stop) return false;
+  emit_stop_agreed(a, done, unit_trainer_.bootstrap()->rank());
+  summary_.preempted = Preemption{.reason = a.reason, .step = done, .ranks_asked = a.ranks_asked};
+  return true;
+}
+
 void Trainer::maybe_save(std::int64_t done, bool force) {
-  if (options_.save_dir.empty()) return;
+  if (options_.save_dir.empty() || saved_step_ == done) return;  // the final save may fall on an interval's
   const bool due = options_.save_interval && done % *options_.save_interval == 0;
-  if (!(due || (force && saved_step_ != done))) return;
+  if (!(due || force)) return;
   checkpointer_->save(options_.save_dir, fmt::format("global_step{}", done), done, data_.position(done));
   saved_step_ = done;
 }
@@ -151,6 +197,7 @@ TrainSummary Trainer::run() {
           e.elapsed_s;
       notify([&](TrainObserver& o) { o.on_step(e); });
       report_saves(checkpointer_->poll());  // an async save whose writes finished: commit it
+      if (stop_agreed(done)) break;         // saved below, synchronously
       maybe_save(done, false);
       const bool last = done == options_.steps;
       if (last || (options_.log_interval > 0 && done % options_.log_interval == 0)) {
@@ -158,8 +205,11 @@ TrainSummary Trainer::run() {
       }
     }
     // The run ends with a checkpoint of its final state (also when a resumed run had nothing left to do).
-    maybe_save(std::max(options_.steps, summary_.start_step), true);
-    report_saves(checkpointer_->wait());
+    const Clock::time_point save_start = Clock::now();
+    maybe_save(summary_.preempted ? summary_.preempted->step : std::max(options_.steps, summary_.start_step), true);
+    const std::vector<ckpt::SaveReport> last_saves = checkpointer_->wait();
+    report_saves(last_saves);
+    if (summary_.preempted) finish_preemption(last_saves, seconds_since(save_start));
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
     notify([&](TrainObserver& o) { o.on_error(error); });

@@ -9,8 +9,8 @@
 #      continuation's losses match the 4-rank continuation within fp32 tolerance;
 #   3. crash safety: 20 trials of kill -9 of a rank at a random moment of a job saving at every step:
 #      `latest` always names a checkpoint that `zero3 ckpt info` verifies and a job resumes from;
-#   4. a full disk (a small tmpfs, where it can be mounted): the save fails with a clear error, training
-#      completes, the previous checkpoint stays intact;
+#   4. a full disk (a small tmpfs, where it can be mounted): the save fails with a clear error (and a
+#      checkpoint_save_failed event), training completes, the previous checkpoint stays intact;
 #   5. bad resumes (missing latest, a tag that does not exist, not a checkpoint, conflicting model or
 #      optimizer, a corrupt file): clear errors naming the problem, non-zero exit.
 # Usage: ckpt_train_test.sh ZERO3_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
@@ -169,12 +169,15 @@ done
 # 4. A full disk: the second save does not fit.
 mkdir -p "$tmp/full"
 if mount -t tmpfs -o size=2400k tmpfs "$tmp/full" 2>/dev/null; then
+  # The run directory elsewhere: events.jsonl on the full disk could not take the failure's line either.
   run 2 --config "$tmp/bf16-offload.json" --steps 6 --save-interval 3 --save-dir "$tmp/full/ckpt" \
-    --metrics "$tmp/full.jsonl" >"$tmp/full.out" 2>&1
+    --run-dir "$tmp/full-run" --metrics "$tmp/full.jsonl" >"$tmp/full.out" 2>&1
   code=$?
   [[ $code -ne 0 ]] || fail "full disk: exit 0"
   grep -q "No space left on device\|no space left on device" "$tmp/full.out" || fail "full disk: no ENOSPC message: $(grep -i checkpoint "$tmp/full.out" | head -n 3)"
   grep -q "previous checkpoint is intact (latest: global_step3)" "$tmp/full.out" || fail "full disk: the report does not name the intact checkpoint"
+  grep -q '"step": 6, "kind": "checkpoint_save_failed".*latest: global_step3' "$tmp/full-run/events.jsonl" ||
+    fail "full disk: no checkpoint_save_failed event in the run directory"
   [[ "$(wc -l <"$tmp/full.jsonl")" -ge 1 ]] && grep -q '"step": *6\|"step":6' "$tmp/full.jsonl" || fail "full disk: training did not complete"
   "$zero3" ckpt info "$tmp/full/ckpt" >/dev/null 2>&1 || fail "full disk: the previous checkpoint does not verify"
   [[ "$(cat "$tmp/full/ckpt/latest")" == "global_step3" ]] || fail "full disk: latest moved"

@@ -7,3 +7,23 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
                    ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
   set_tests_properties(mpi.train_cli PROPERTIES LABELS "mpi" TIMEOUT 600)
 endif()
+
+# Preemption and events through `zero3 train` (tests/mpi/preempt_cli_test.sh): SIGTERM to every rank and
+# SIGUSR1 to mpirun at a random step stop the 2-rank offload job with a checkpoint (exit 75) that resumes
+# bitwise like a straight run; no --save-dir says nothing was saved; a second signal exits at once; the
+# alert command receives the events, a fatal error's too. Not under sanitizers: it trains at full speed.
+if(TARGET zero3 AND NOT ZERO3_SANITIZE)
+  add_test(NAME mpi.train_preempt
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/preempt_cli_test.sh $<TARGET_FILE:zero3>
+                   ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
+  set_tests_properties(mpi.train_preempt PROPERTIES LABELS "mpi" TIMEOUT 600)
+endif()
+
+# `zero3 bench stop-agreement` at world size 2 runs end to end and reports its figures (not their values).
+if(TARGET zero3)
+  add_test(NAME mpi.bench_stop_agreement.np2
+           COMMAND ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS} -np 2 $<TARGET_FILE:zero3> bench stop-agreement --json
+                   --steps 100 --repeats 2)
+  set_tests_properties(mpi.bench_stop_agreement.np2 PROPERTIES LABELS "mpi" TIMEOUT 120
+                       PASS_REGULAR_EXPRESSION "\"agree_us\": [0-9.]+.*\"barrier_us\": [0-9.]+")
+endif()

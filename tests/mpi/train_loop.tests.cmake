@@ -1,3 +1,7 @@
 # The training loop of zero3/train (tests/mpi/test_trainer.cpp) with the library's host MLP at world sizes
 # 1-4: observers, resume equal to the straight run, errors from observers and options.
 zero3_mpi_test(trainer SOURCES mpi/test_trainer.cpp LIBS zero3_train zero3_model_factory NP 1 2 3 4)
+# A stop request (zero3/train/preemption.hpp) made on one rank: every rank stops after the same step and
+# saves there; the resumed run equals the straight one bit for bit (tests/mpi/test_trainer_preemption.cpp).
+zero3_mpi_test(trainer_preemption SOURCES mpi/test_trainer_preemption.cpp LIBS zero3_train zero3_model_factory
+               NP 1 2 3)

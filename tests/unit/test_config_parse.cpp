@@ -316,7 +316,8 @@ TEST_CASE("the zero3 block", "[config][valid]") {
       "model": {"type": "mlp", "layers": 3, "hidden_size": 32, "vocab_size": 16},
       "data": {"source": "tokens:/data/train.bin", "markov_order": 3, "heldout_fraction": 0.25},
       "run": {"steps": 50, "log_interval": 5},
-      "comm": {"timeout_s": 12.5, "backend": "mpi"}}})");
+      "comm": {"timeout_s": 12.5, "backend": "mpi"},
+      "alerts": {"command": "cat >> /tmp/alerts", "level": "error"}}})");
   INFO(dump(r));
   REQUIRE(r.ok());
   const Zero3Settings& s = r.config->zero3;
@@ -336,6 +337,11 @@ TEST_CASE("the zero3 block", "[config][valid]") {
   CHECK(s.run->log_interval == 5);
   CHECK(s.comm.timeout_s == 12.5);
   CHECK(s.comm.backend == CommBackend::mpi);
+  CHECK(s.alerts.command == "cat >> /tmp/alerts");
+  CHECK(s.alerts.errors_only);
+  const auto defaults = parse(R"({"train_batch_size": 8, "zero3": {"alerts": {"command": "x"}}})");
+  REQUIRE(defaults.ok());
+  CHECK_FALSE(defaults.config->zero3.alerts.errors_only);  // "warning"
 }
 
 TEST_CASE("shipped example configs are runnable at world size 2", "[config][valid][examples]") {

@@ -5,7 +5,9 @@
 // rank-strided share of every global batch (DistributedSampler: deterministic for a seed, resumable at any
 // step); every log interval the held-out loss is measured and, for synthetic data, compared with the
 // source's entropy rate: a held-out loss below that floor means the model sees what it should not (a future
-// token), and the run stops with an error. Host compute (OpenBLAS) on the host device.
+// token), and the run stops with an error. Host compute (OpenBLAS) on the host device. SIGTERM or SIGUSR1
+// stops every rank after the same step with a checkpoint (train/preemption.hpp; exit status 75); warnings
+// and errors, a fatal one included, are events in <run dir>/events.jsonl and run zero3.alerts.command.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -27,10 +29,12 @@
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
+#include "zero3/core/events.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/models/gpt.hpp"
 #include "zero3/models/model_factory.hpp"
 #include "zero3/train/memory_report.hpp"
+#include "zero3/train/preemption.hpp"
 #include "zero3/train/sinks.hpp"
 #include "zero3/train/trainer.hpp"
 
@@ -48,6 +52,7 @@ struct TrainOptions {
   std::map<std::string, std::string> overrides;
   std::string progress = "auto";  // the progress line: "auto" (stdout is a terminal), "on", "off"
   std::string save_dir;           // checkpoint root
+  std::string run_dir;            // events.jsonl; default: save_dir, else ./zero3-run
   std::optional<std::int64_t> save_interval;
   std::string resume;               // a checkpoint directory, a root, or "latest" (of --save-dir)
   std::string save_mode = "async";  // "async" or "sync"
@@ -114,7 +119,7 @@ void add_observers(train::Trainer& trainer, const TrainOptions& o, const config:
   if (o.progress == "on" || (o.progress == "auto" && isatty(STDOUT_FILENO) == 1)) {
     trainer.add_observer(std::make_shared<train::ProgressLine>(rank));
   }
-  trainer.add_observer(std::make_shared<train::LogLine>(rank, o.save_dir));
+  trainer.add_observer(std::make_shared<train::LogLine>(rank));
   if (!o.metrics.empty()) trainer.add_observer(std::make_shared<train::JsonlMetrics>(rank, o.metrics));
   trainer.add_observer(std::make_shared<train::CsvMonitor>(rank, cfg.csv_monitor, cfg.fp16.enabled));
   trainer.add_observer(std::make_shared<train::EntropyFloorCheck>());
@@ -132,10 +137,34 @@ train::TrainerOptions trainer_options(const TrainOptions& o, const config::Confi
   return t;
 }
 
-void run_train(const TrainOptions& o) {
-  const comm::World world = comm::World::from_environment();
-  log::set_rank(world.rank, world.size);
+// The optimizer steps done, for the event of an error that ends the run.
+struct LastStep final : train::TrainObserver {
+  std::int64_t step = -1;
+  void on_step(const train::StepEvent& e) override { step = e.step; }
+};
+
+std::filesystem::path run_dir_of(const TrainOptions& o) {
+  if (!o.run_dir.empty()) return o.run_dir;
+  return o.save_dir.empty() ? std::filesystem::path("zero3-run") : std::filesystem::path(o.save_dir);
+}
+
+void print_preempted(const train::Preemption& p, std::int64_t steps) {
+  fmt::print("preempted: stopped on {} after step {} of {}; ", train::stop_reason_name(p.reason), p.step, steps);
+  if (p.checkpoint) {
+    fmt::print("checkpoint {} ({:.2f} s); continue with --resume latest\n", p.checkpoint->string(), p.save_s);
+  } else {
+    fmt::print("nothing saved (no --save-dir)\n");
+  }
+  std::fflush(stdout);
+}
+
+void train_job(const TrainOptions& o, const comm::World& world, const std::shared_ptr<LastStep>& last_step) {
   const config::Config cfg = load_train_config(o, world);
+  const config::AlertSettings& alerts = cfg.zero3.alerts;
+  events::configure({.run_dir = run_dir_of(o),
+                     .rank = world.rank,
+                     .alert_command = alerts.command,
+                     .alert_level = alerts.errors_only ? log::Level::error : log::Level::warning});
   const config::ModelSettings& ms = *cfg.zero3.model;
   train::TokenWindows data(cfg, world.rank, world.size,
                            {.context = ms.seq_len,
@@ -146,8 +175,13 @@ void run_train(const TrainOptions& o) {
   models::set_blas_threads(std::max(1, cores / std::max(1, world.local_size)));
   train::UnitTrainer unit_trainer(cfg, world, nullptr,
                                   [&](Device& device) { return models::make_train_model(ms, device); });
+  // After MPI start-up (inside UnitTrainer), which may install handlers of its own; a signal before
+  // this point ends the rank as it always did, with no step lost.
+  train::clear_stop_request();
+  const train::StopSignals stop_signals({.rank = world.rank});
   train::Trainer trainer(unit_trainer, data, trainer_options(o, cfg));
   add_observers(trainer, o, cfg, world.rank);
+  trainer.add_observer(last_step);
   if (world.rank == 0) {
     fmt::print("zero3 train: {}: {} params; {} ranks on {}; {}\n", unit_trainer.model().describe(),
                models::train_model_params(ms), world.size, device_kind_name(unit_trainer.engine().device().kind()),
@@ -161,6 +195,10 @@ void run_train(const TrainOptions& o) {
   }
   const train::TrainSummary s = trainer.run();
   const std::string memory = train::peak_memory_table(*unit_trainer.bootstrap(), unit_trainer.engine().memory());
+  if (s.preempted) {
+    if (world.rank == 0) print_preempted(*s.preempted, s.steps);
+    throw CLI::RuntimeError(train::kExitPreempted);
+  }
   if (world.rank == 0) {
     fmt::print("done: {} steps in {:.1f} s; held-out loss {:.4f}", s.steps, s.wall_s, s.heldout_loss);
     if (s.entropy_floor) {
@@ -169,6 +207,37 @@ void run_train(const TrainOptions& o) {
     }
     fmt::print("\npeak memory per rank by kind and category:\n{}", memory);
     std::fflush(stdout);
+  }
+}
+
+// The top level of a run: the run directory is configured before anything can fail, and an error that
+// ends the run is an event (its alert command gets a few seconds to finish). The event logs the error,
+// so the exit status main() would give it (2 for a ConfigError, else 1) is thrown here as a CLI status.
+void run_train(const TrainOptions& o) {
+  events::configure({.run_dir = run_dir_of(o)});  // rank 0 until the world is read: start-up errors
+  const auto last_step = std::make_shared<LastStep>();
+  int rank = 0;
+  try {
+    const comm::World world = comm::World::from_environment();
+    rank = world.rank;
+    log::set_rank(world.rank, world.size);
+    events::configure({.run_dir = run_dir_of(o), .rank = world.rank});
+    train_job(o, world, last_step);
+  } catch (const CLI::RuntimeError&) {
+    throw;  // the preempted run's exit status
+  } catch (const std::exception& e) {
+    const bool config_error = dynamic_cast<const ConfigError*>(&e) != nullptr;
+    if (config_error && rank != 0) {
+      log::error("{}", e.what());  // the same on every rank: one event (rank 0's) is enough
+    } else {
+      events::emit({.level = log::Level::error,
+                    .kind = "train_failed",
+                    .step = last_step->step,
+                    .message = e.what(),
+                    .fields = {{"error", config_error ? "config" : "runtime"}}});
+      events::flush(std::chrono::seconds(5));
+    }
+    throw CLI::RuntimeError(config_error ? 2 : 1);
   }
 }
 
@@ -188,6 +257,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_option("--save-dir", opt->save_dir, "Checkpoint root: saves DIR/global_step<N> (and at the end)");
+  cmd->add_option("--run-dir", opt->run_dir,
+                  "Where events.jsonl is written (created at the first event; default: --save-dir, else ./zero3-run)");
   cmd->add_option("--save-interval", opt->save_interval, "Save every N optimizer steps (with --save-dir)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   cmd->add_option("--resume", opt->resume,

@@ -255,6 +255,12 @@ struct CommSettings {
   CommBackend backend = CommBackend::automatic;
 };
 
+// zero3.alerts: a command run with each event's JSON line on stdin (zero3/core/events.hpp).
+struct AlertSettings {
+  std::string command;       // run by /bin/sh -c; empty: no alerts
+  bool errors_only = false;  // "level": "error"; the default "warning" alerts on warnings and errors
+};
+
 struct Zero3Settings {
   std::int64_t seed = 42;
   std::optional<double> pinned_memory_budget_gb;  // nullopt: "auto", decided at startup from host memory
@@ -262,6 +268,7 @@ struct Zero3Settings {
   DataSettings data;
   std::optional<RunSettings> run;
   CommSettings comm;
+  AlertSettings alerts;
   DeviceChoice device = DeviceChoice::automatic;
 };
 

@@ -14,18 +14,17 @@
 
 namespace zero3::train {
 
-// "step 100/2500  loss ...  heldout ...  lr ...", the step split under wall_clock_breakdown, saves and
-// their failures (naming the checkpoint `latest` still names), the resume line. Standard output.
+// "step 100/2500  loss ...  heldout ...  lr ...", the step split under wall_clock_breakdown, completed
+// saves, the resume line. Standard output. (A failed save is an event of the loop: trainer.hpp.)
 class LogLine final : public TrainObserver {
  public:
-  LogLine(int rank, std::filesystem::path save_dir) : rank_(rank), save_dir_(std::move(save_dir)) {}
+  explicit LogLine(int rank) : rank_(rank) {}
   void on_resume(const ckpt::LoadResult& loaded) override;
   void on_log(const LogEvent& e) override;
   void on_save(const ckpt::SaveReport& report) override;
 
  private:
   int rank_;
-  std::filesystem::path save_dir_;
 };
 
 // A line redrawn in place between log lines (step, loss, tokens/s, ETA), at most twice a second. Under

@@ -23,6 +23,7 @@
 
 #include "zero3/ckpt/checkpointer.hpp"
 #include "zero3/train/observer.hpp"
+#include "zero3/train/preemption.hpp"
 #include "zero3/train/train_data.hpp"
 #include "zero3/train/unit_trainer.hpp"
 
@@ -36,6 +37,9 @@ struct TrainerOptions {
   // A checkpoint directory, a root (its latest), or "latest" (of save_dir); empty: start fresh.
   std::filesystem::path resume;
   ckpt::CheckpointerOptions checkpoint;
+  // After every optimizer step the ranks agree on the stop request (preemption.hpp: one 4-byte
+  // all-gather through the bootstrap); when any rank has one, all stop after that step and save.
+  bool stop_on_request = true;
 };
 
 struct TrainSummary {
@@ -45,6 +49,9 @@ struct TrainSummary {
   double heldout_loss = 0.0;  // of the last LogEvent
   std::optional<double> entropy_floor;
   int failed_saves = 0;  // the run still completes; run() then throws CheckpointError
+  // Set when the run stopped on request before `steps`: the step it stopped after and the checkpoint
+  // saved there (synchronously, with save_dir). `steps` then still names the run's target.
+  std::optional<Preemption> preempted;
 };
 
 class Trainer {
@@ -59,8 +66,10 @@ class Trainer {
   ckpt::Checkpointer& checkpointer() { return *checkpointer_; }
 
   // Resumes (when asked), trains up to options.steps, saves the final state (with save_dir) and waits for
-  // the saves in flight. Failed saves are reported to the observers as they complete and make run()
-  // throw CheckpointError at the end, after training completed. Collective.
+  // the saves in flight. Failed saves are reported to the observers and as "checkpoint_save_failed" events
+  // as they complete, and make run() throw CheckpointError at the end, after training completed. A stop
+  // request (preemption.hpp) ends the loop after the step all ranks agree on: the state is saved there and
+  // run() returns with `preempted` set (a failed save still throws). Collective.
   TrainSummary run();
 
  private:
@@ -68,6 +77,8 @@ class Trainer {
   std::int64_t resume();
   double train_step(std::int64_t step);
   void maybe_save(std::int64_t done, bool force);
+  bool stop_agreed(std::int64_t done);
+  void finish_preemption(const std::vector<ckpt::SaveReport>& saves, double save_s);
   void report_saves(const std::vector<ckpt::SaveReport>& reports);
   void log_interval(std::int64_t done, const StepResult& r, double loss, Window& window);
   double heldout_loss();

@@ -1,0 +1,153 @@
+// A stop request in the training loop at world sizes 1-3 (the library's host MLP): made on one rank only
+// (the last), it stops every rank after the same step, saves a checkpoint there, and run() returns
+// TrainSummary::preempted; the run resumed from that checkpoint continues bit for bit like the straight
+// run. Without save_dir nothing is saved (and the summary says so); with stop_on_request off, or at the
+// last step, the request changes nothing. Collectives are unconditional on every rank.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mpi_test_env.hpp"
+#include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/config/parse.hpp"
+#include "zero3/models/model_factory.hpp"
+#include "zero3/train/preemption.hpp"
+#include "zero3/train/trainer.hpp"
+
+using namespace zero3;
+
+namespace {
+
+test::MpiTestEnv& env() {
+  return test::mpi_env();
+}
+
+config::Config mlp_config(std::int64_t steps) {
+  const std::string text = fmt::format(
+      R"({{"train_batch_size": 48, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+          "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
+          "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0}},
+          "zero3": {{"seed": 7, "device": "host",
+                    "model": {{"type": "mlp", "layers": 2, "hidden_size": 32, "vocab_size": 16, "seq_len": 2}},
+                    "data": {{"source": "synthetic:markov", "markov_order": 2}}, "run": {{"steps": {}}}}}}})",
+      steps);
+  config::ParseOptions o;
+  o.world_size = env().world.size;
+  o.world_size_source = "test";
+  return config::load_config_text_or_throw(text, o);
+}
+
+// Records the steps; on rank `rank` asks for a stop in on_step of step `at` (the other ranks do not).
+struct StopAt final : train::TrainObserver {
+  int rank = -1;
+  std::int64_t at = -1;
+  std::vector<train::StepEvent> steps;
+  void on_step(const train::StepEvent& e) override {
+    steps.push_back(e);
+    if (e.step == at && env().world.rank == rank) train::request_stop();
+  }
+};
+
+struct Run {
+  train::TrainSummary summary;
+  std::vector<train::StepEvent> steps;
+};
+
+Run train_run(std::int64_t steps, const std::filesystem::path& save_dir, bool resume, std::int64_t stop_at,
+              bool stop_on_request = true) {
+  train::clear_stop_request();
+  const config::Config cfg = mlp_config(steps);
+  const config::ModelSettings& ms = *cfg.zero3.model;
+  train::TokenWindows data(cfg, env().world.rank, env().world.size,
+                           {.context = ms.seq_len, .predictions_per_window = 1, .heldout_windows = 32});
+  train::UnitTrainer unit_trainer(cfg, env().world, env().bootstrap,
+                                  [&](Device& d) { return models::make_train_model(ms, d); });
+  train::TrainerOptions options;
+  options.steps = steps;
+  options.log_interval = 4;
+  options.save_dir = save_dir;
+  if (resume) options.resume = save_dir;
+  options.stop_on_request = stop_on_request;
+  train::Trainer trainer(unit_trainer, data, options);
+  auto observer = std::make_shared<StopAt>();
+  observer->rank = env().world.size - 1;
+  observer->at = stop_at;
+  trainer.add_observer(observer);
+  Run run;
+  run.summary = trainer.run();
+  run.steps = observer->steps;
+  train::clear_stop_request();
+  return run;
+}
+
+// A directory every rank agrees on (rank 0's pid), empty.
+std::filesystem::path shared_dir(const std::string& name) {
+  std::int64_t pid = ::getpid();
+  std::vector<std::byte> bytes(sizeof pid);
+  std::memcpy(bytes.data(), &pid, sizeof pid);
+  env().bootstrap->broadcast(bytes, 0);
+  std::memcpy(&pid, bytes.data(), sizeof pid);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("zero3-preempt-{}-{}", name, pid);
+  env().bootstrap->barrier();
+  if (env().world.rank == 0) std::filesystem::remove_all(dir);
+  env().bootstrap->barrier();
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("a stop asked on one rank stops every rank after that step, with a checkpoint", "[train][preemption]") {
+  const std::filesystem::path dir = shared_dir("stop");
+  const Run straight = train_run(9, {}, false, -1);
+  const Run stopped = train_run(9, dir, false, 3);
+  REQUIRE(stopped.summary.preempted.has_value());
+  const train::Preemption& p = *stopped.summary.preempted;
+  CHECK(p.step == 3);
+  CHECK(p.reason == train::kStopRequestedByCall);
+  CHECK(p.ranks_asked == std::vector<int>{env().world.size - 1});
+  REQUIRE(p.checkpoint.has_value());
+  CHECK(*p.checkpoint == dir / "global_step3");
+  CHECK(stopped.steps.size() == 3);
+  CHECK(ckpt::read_latest(dir) == std::optional<std::string>("global_step3"));
+
+  const Run resumed = train_run(9, dir, true, -1);
+  CHECK_FALSE(resumed.summary.preempted.has_value());
+  CHECK(resumed.summary.start_step == 3);
+  REQUIRE(straight.steps.size() == 9);
+  REQUIRE(resumed.steps.size() == 6);
+  for (std::size_t i = 0; i < 6; ++i) {
+    const train::StepEvent& a = straight.steps[i + 3];
+    const train::StepEvent& b = resumed.steps[i];
+    CHECK(a.step == b.step);
+    CHECK(a.loss == b.loss);
+    CHECK(a.result.grad_norm == b.result.grad_norm);
+    CHECK(a.result.lr == b.result.lr);
+  }
+  CHECK(straight.summary.heldout_loss == resumed.summary.heldout_loss);
+  env().bootstrap->barrier();
+  if (env().world.rank == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a stop without save_dir saves nothing and says so", "[train][preemption]") {
+  const Run r = train_run(6, {}, false, 2);
+  REQUIRE(r.summary.preempted.has_value());
+  CHECK(r.summary.preempted->step == 2);
+  CHECK_FALSE(r.summary.preempted->checkpoint.has_value());
+  CHECK(r.steps.size() == 2);
+}
+
+TEST_CASE("a stop at the last step, or with stop_on_request off, changes nothing", "[train][preemption]") {
+  const Run last = train_run(4, {}, false, 4);
+  CHECK_FALSE(last.summary.preempted.has_value());
+  CHECK(last.steps.size() == 4);
+  const Run off = train_run(5, {}, false, 2, false);
+  CHECK_FALSE(off.summary.preempted.has_value());
+  CHECK(off.steps.size() == 5);
+}
