@@ -97,9 +97,11 @@ void Trainer::report_saves(const std::vector<ckpt::SaveReport>& reports) {
 }
 
 void Trainer::maybe_save(std::int64_t done, bool force) {
-  if (options_.save_dir.empty()) return;
+  // saved_step_ == done: this state is saved already (the last interval save, when the interval divides the
+  // run's steps); saving its tag again would try to replace the checkpoint `latest` names.
+  if (options_.save_dir.empty() || saved_step_ == done) return;
   const bool due = options_.save_interval && done % *options_.save_interval == 0;
-  if (!(due || (force && saved_step_ != done))) return;
+  if (!(due || force)) return;
   checkpointer_->save(options_.save_dir, fmt::format("global_step{}", done), done, data_.position(done));
   saved_step_ = done;
 }
