@@ -1,3 +1,6 @@
 # The training loop of zero3/train (tests/mpi/test_trainer.cpp) with the library's host MLP at world sizes
 # 1-4: observers, resume equal to the straight run, errors from observers and options.
 zero3_mpi_test(trainer SOURCES mpi/test_trainer.cpp LIBS zero3_train zero3_model_factory NP 1 2 3 4)
+# The step guard (tests/mpi/test_step_guard.cpp): non-finite losses, the final held-out check, the
+# loss-spike detector and its skip, reset_moments and rollback actions.
+zero3_mpi_test(step_guard SOURCES mpi/test_step_guard.cpp LIBS zero3_train zero3_model_factory NP 1 2 3)
