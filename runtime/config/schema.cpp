@@ -222,7 +222,7 @@ constexpr KeySpec kKeys[] = {
     {"bf16", "enabled", "bool", "false", S::implemented, A::resolved, "auto: false"},
     {"bf16", "immediate_grad_update", "bool", "false", S::no_effect, A::ds_default, "BF16_Optimizer path only"},
     {"bf16", "check_grad_overflow", "bool", "true", S::no_effect, A::ds_default,
-     "ZeRO 1-2 only; ZeRO-3 never checks bf16 gradients"},
+     "ZeRO 1-2 only; zero3 checks every dtype through zero3.nonfinite"},
     {"bf16", "bf16_master_weights_and_grads", "bool", "false", S::not_implemented, A::ds_default,
      "true: not implemented"},
     {"bf16", "bf16_optimizer_states", "bool", "false", S::not_implemented, A::ds_default,
