@@ -21,5 +21,7 @@ void add_bench_offload_command(CLI::App& group);
 void add_bench_train_command(CLI::App& group);
 // zero3 bench checkpoint: save/load GB/s vs plain I/O, async save cost per step
 void add_bench_checkpoint_command(CLI::App& group);
+// zero3 bench grad-check: the non-finite check vs the norm (registered by add_bench_command)
+void add_bench_grad_check_command(CLI::App& group);
 
 }  // namespace zero3::tools
