@@ -152,8 +152,7 @@ void StepGuard::on_spike(std::int64_t step, double loss, const LossSpikeDetector
                                                           : Pending::none;
 }
 
-void StepGuard::after_boundary(std::int64_t step, const StepResult& result) {
-  (void)step;
+void StepGuard::after_boundary(const StepResult& result) {
   if (ramp_total_ > 0 && result.applied && ++ramp_done_ >= ramp_total_) ramp_total_ = ramp_done_ = 0;
   const Pending pending = std::exchange(pending_, Pending::none);
   if (pending == Pending::reset_moments) {

@@ -93,7 +93,7 @@ double Trainer::train_step(std::int64_t step) {
     if (m + 1 == gas) guard_->before_boundary(step, loss_sum / static_cast<double>(gas), has_checkpoint_);
     r = unit_trainer_.step();
   }
-  guard_->after_boundary(step, r);
+  guard_->after_boundary(r);
   last_result_ = r;
   return loss_sum / static_cast<double>(gas);
 }

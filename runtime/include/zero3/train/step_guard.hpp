@@ -1,16 +1,13 @@
 // The training loop's guard over each optimizer step: a non-finite micro-batch loss marks the window so the
-// engine does not apply it (zero3.nonfinite then decides: skip with a warning, or stop), and the loss-spike
-// detector of zero3.spike (off by default) with its action: skip the step, reset the optimizer moments and
-// re-warm the lr, or roll back to the last checkpoint past the spike's batches. Every decision is taken
-// from figures that are the same on every rank (the window's mean loss over the ranks), so the ranks agree
-// without a vote. Its state (detector window, data offset, lr ramp) travels in the checkpoint's trainer
-// state, so a resumed run decides as the straight one. One host thread (the loop's); collective calls
-// are marked.
+// engine does not apply it (zero3.nonfinite decides the rest), and zero3.spike's loss-spike detector (off by
+// default) with its action: skip, reset the moments and re-warm the lr, or roll back past the spike's
+// batches. Decisions use figures equal on every rank; the state travels in checkpoints' trainer state so a
+// resumed run decides as the straight one. The loop's thread only; collective calls are marked.
 //
 //   guard.on_micro_loss(loss);                 // after each micro-batch's backward, before its step()
-//   guard.before_boundary(step, window_loss);  // before the window's last step() (collective with zero3.spike)
+//   guard.before_boundary(step, window_loss, has_checkpoint);  // before the window's last step()
 //   StepResult r = engine.step();
-//   guard.after_boundary(step, r);             // reset_moments and the lr ramp act here
+//   guard.after_boundary(r);                   // reset_moments and the lr ramp act here
 //   if (guard.rollback_due()) { ... load the last checkpoint ...; guard.rolled_back(loaded, step); }
 #pragma once
 
@@ -66,7 +63,7 @@ class StepGuard {
   // Throws Error after zero3.spike.max_consecutive spikes in a row.
   void before_boundary(std::int64_t step, double window_loss, bool checkpoint_exists);
   // After that step(): a pending reset_moments acts (moments zeroed, the lr ramp starts), the ramp advances.
-  void after_boundary(std::int64_t step, const StepResult& result);
+  void after_boundary(const StepResult& result);
   // A rollback was decided at this boundary: load the last checkpoint, then call rolled_back().
   bool rollback_due() const { return rollback_due_; }
   // After the load: takes the checkpoint's guard state and moves the data past the skipped batches.
