@@ -59,13 +59,14 @@ std::vector<Setup> setups() {
 }
 
 std::unique_ptr<Engine> make_engine(const Setup& s, const std::string& zero3_extra = "",
-                                    const std::string& optimizer = R"({"type": "AdamW", "params": {"lr": 0.01}})") {
+                                    const std::string& optimizer = R"({"type": "AdamW", "params": {"lr": 0.01}})",
+                                    int gas = 1) {
   std::string zero = R"("stage": 3, "stage3_param_persistence_threshold": 50)";
   if (s.offload) zero += R"(, "offload_optimizer": {"device": "cpu"})";
   std::string text = fmt::format(
-      R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 0,
+      R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {}, "gradient_clipping": 0,
            "optimizer": {}, "zero_optimization": {{{}}}, "zero3": {{"device": "{}", "seed": 7{}}}{}}})",
-      optimizer, zero, test::test_device_name(), zero3_extra.empty() ? "" : ", " + zero3_extra,
+      gas, optimizer, zero, test::test_device_name(), zero3_extra.empty() ? "" : ", " + zero3_extra,
       s.dtype == "bf16" ? R"(, "bf16": {"enabled": true})" : "");
   config::ParseOptions o;
   o.world_size = world_size();
@@ -213,6 +214,30 @@ TEST_CASE("an Inf/NaN gradient skips the step with every state byte unchanged an
         }
         done_with(dir);
       }
+    }
+  }
+}
+
+TEST_CASE("a NaN in the first micro-batch of an accumulation window skips the window's step", "[engine][nonfinite]") {
+  for (const Setup& s : setups()) {
+    DYNAMIC_SECTION(s.name) {
+      auto e = make_engine(s, "", R"({"type": "AdamW", "params": {"lr": 0.01}})", 2);
+      const std::vector<std::byte> before = state_bytes(*e);
+      const std::size_t element = shard_first(world_size() - 1) + 1;
+      window(*e, 0, {.rank = world_size() - 1, .param = "s.w", .element = element});
+      CHECK_FALSE(e->step().boundary);
+      window(*e, 1);
+      const StepResult r = e->step();
+      CHECK(r.boundary);
+      CHECK(r.nonfinite);
+      CHECK(state_bytes(*e) == before);
+      for (int i = 2; i < 4; ++i) {  // the next window is clean: the NaN went with the skipped one
+        window(*e, i);
+        e->step();
+      }
+      CHECK(e->skipped_steps() == 1);
+      CHECK(e->global_step() == 2);
+      CHECK(state_bytes(*e) != before);
     }
   }
 }
