@@ -1,4 +1,5 @@
-// The top-level "zero3" block: zero3's own settings (model, data, run length, communication, device). Not
+// The top-level "zero3" block: zero3's own settings (model, data, run length, communication, non-finite and
+// loss-spike policies, device). Not
 // a DeepSpeed key; strict like the rest. To add a setting: a field in Zero3Settings (config.hpp), a row in
 // schema.cpp, a read here and a write in to_json.cpp.
 #include <fmt/format.h>
@@ -93,6 +94,44 @@ void parse_alerts(ObjectReader& z, Context& cx) {
   r.finish();
 }
 
+void parse_nonfinite(ObjectReader& z, Context& cx) {
+  const Json* j = z.get_object("nonfinite");
+  if (j == nullptr) return;
+  ObjectReader r(*j, z.path_of("nonfinite"), "zero3.nonfinite", cx.sink);
+  NonfiniteSettings& n = cx.config.zero3.nonfinite;
+  std::string policy = "skip";
+  r.get_choice("policy", policy, {"skip", "abort"});
+  n.policy = policy == "abort" ? NonfinitePolicy::abort : NonfinitePolicy::skip;
+  r.get_int("max_consecutive", n.max_consecutive, IntRange::at_least(1));
+  r.finish();
+}
+
+void parse_spike(ObjectReader& z, Context& cx) {
+  const Json* j = z.get_object("spike");
+  if (j == nullptr) return;
+  ObjectReader r(*j, z.path_of("spike"), "zero3.spike", cx.sink);
+  SpikeSettings& s = cx.config.zero3.spike;
+  r.get_bool("enabled", s.enabled);
+  std::string detector = "zscore";
+  r.get_choice("detector", detector, {"ratio", "zscore"});
+  s.detector = detector == "ratio" ? SpikeDetector::ratio : SpikeDetector::zscore;
+  // A ratio compares the loss with the mean (so it must exceed 1); a z-score counts standard deviations.
+  s.threshold = s.detector == SpikeDetector::ratio ? 2.0 : 6.0;
+  r.get_number("threshold", s.threshold,
+               s.detector == SpikeDetector::ratio ? NumRange::above(1.0) : NumRange::above(0.0));
+  r.get_int("window", s.window, IntRange::at_least(2));
+  r.get_int("warmup_steps", s.warmup_steps, IntRange::at_least(0));
+  std::string action = "skip";
+  r.get_choice("action", action, {"skip", "reset_moments", "rollback"});
+  s.action = action == "rollback"        ? SpikeAction::rollback
+             : action == "reset_moments" ? SpikeAction::reset_moments
+                                         : SpikeAction::skip;
+  r.get_int("rewarm_steps", s.rewarm_steps, IntRange::at_least(1));
+  r.get_int("skip_batches", s.skip_batches, IntRange::at_least(0));
+  r.get_int("max_consecutive", s.max_consecutive, IntRange::at_least(1));
+  r.finish();
+}
+
 }  // namespace
 
 void parse_zero3_block(ObjectReader& top, Context& cx) {
@@ -115,6 +154,8 @@ void parse_zero3_block(ObjectReader& top, Context& cx) {
   parse_run(r, cx);
   parse_comm(r, cx);
   parse_alerts(r, cx);
+  parse_nonfinite(r, cx);
+  parse_spike(r, cx);
   std::string device = "auto";
   r.get_choice("device", device, {"auto", "host", "cuda"});
   s.device = device == "host" ? DeviceChoice::host : device == "cuda" ? DeviceChoice::cuda : DeviceChoice::automatic;

@@ -75,6 +75,26 @@ std::string_view to_string(CommBackend v) {
   }
   return "?";
 }
+std::string_view to_string(NonfinitePolicy v) {
+  return v == NonfinitePolicy::abort ? "abort" : "skip";
+}
+
+std::string_view to_string(SpikeDetector v) {
+  return v == SpikeDetector::ratio ? "ratio" : "zscore";
+}
+
+std::string_view to_string(SpikeAction v) {
+  switch (v) {
+    case SpikeAction::skip:
+      return "skip";
+    case SpikeAction::reset_moments:
+      return "reset_moments";
+    case SpikeAction::rollback:
+      return "rollback";
+  }
+  return "?";
+}
+
 std::string_view to_string(DeviceChoice v) {
   switch (v) {
     case DeviceChoice::automatic:
@@ -260,6 +280,17 @@ Json zero3_json(const Zero3Settings& s) {
   if (s.run) j["run"] = {{"steps", s.run->steps}, {"log_interval", s.run->log_interval}};
   j["comm"] = {{"timeout_s", s.comm.timeout_s}, {"backend", str(to_string(s.comm.backend))}};
   j["alerts"] = {{"command", s.alerts.command}, {"level", s.alerts.errors_only ? "error" : "warning"}};
+  j["nonfinite"] = {{"policy", str(to_string(s.nonfinite.policy))}, {"max_consecutive", s.nonfinite.max_consecutive}};
+  const SpikeSettings& sp = s.spike;
+  j["spike"] = {{"enabled", sp.enabled},
+                {"detector", str(to_string(sp.detector))},
+                {"threshold", sp.threshold},
+                {"window", sp.window},
+                {"warmup_steps", sp.warmup_steps},
+                {"action", str(to_string(sp.action))},
+                {"rewarm_steps", sp.rewarm_steps},
+                {"skip_batches", sp.skip_batches},
+                {"max_consecutive", sp.max_consecutive}};
   j["device"] = str(to_string(s.device));
   return j;
 }

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "engine_impl.hpp"
 #include "init.hpp"
 #include "offload_optimizer.hpp"
 #include "zero3/config/parse.hpp"
+#include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/kernels/kernels.hpp"
 #include "zero3/offload/pinned_budget.hpp"
@@ -290,7 +292,8 @@ void Engine::Impl::finalize() {
   param_shards = std::move(shards);
   optimizer->set_final_micro_step(config.batch.gradient_accumulation_steps == 1);
   const engine::Wiring wiring = make_wiring();
-  optimizer_step = std::make_unique<engine::OptimizerStep>(wiring, std::move(optimizer), param_shards.view());
+  optimizer_step =
+      std::make_unique<engine::OptimizerStep>(wiring, std::move(optimizer), param_shards.view(), *bootstrap);
   coordinator = std::make_unique<engine::GatherCoordinator>(wiring, param_shards.view());
   reducer = std::make_unique<engine::GradReducer>(wiring, optimizer_step->optimizer());
   // The first forward reads what finalize() left on the comm stream (offloaded params: the persistent
@@ -379,7 +382,19 @@ void Engine::Impl::step_boundary(StepResult& r) {
   const bool timed = timeline->enabled();
   if (timed) comm_stream->synchronize();  // the reductions (wall_clock_breakdown only)
   const auto reduced = std::chrono::steady_clock::now();
-  const engine::StepOutcome out = optimizer_step->run();
+  engine::WindowMarks marks = std::exchange(this->marks, {});
+  marks.step = global_step + 1;
+  engine::StepOutcome out;
+  try {
+    out = optimizer_step->run(marks);
+  } catch (const NonFiniteError&) {
+    // The run ends, but the engine stays usable (state reads, a checkpoint): the step counts as skipped.
+    ++global_step;
+    ++skipped_steps;
+    comm_stream->record(*step_done);
+    compute->wait(*step_done);
+    throw;
+  }
   if (timed) comm_stream->synchronize();
   const engine::Timeline::Summary times = timeline->summarize();
   stats.last_step_offload = times.offload;
@@ -394,6 +409,8 @@ void Engine::Impl::step_boundary(StepResult& r) {
   ++global_step;
   if (!out.applied) ++skipped_steps;
   r.applied = out.applied;
+  r.nonfinite = out.nonfinite;
+  r.discarded = out.discarded;
   r.grad_norm = out.grad_norm;
   r.lr = out.lr;
   r.loss_scale = out.loss_scale;
@@ -523,6 +540,32 @@ StepResult Engine::step() {
 
 std::vector<float> Engine::gather_tensor(std::string_view param, TensorKind kind) {
   return impl_->gather_tensor(param, kind);
+}
+
+void Engine::discard_window(DiscardReason reason) {
+  Impl& impl = *impl_;
+  impl.check_call("discard_window", true);
+  (reason == DiscardReason::nonfinite_loss ? impl.marks.nonfinite_loss : impl.marks.discard) = true;
+}
+
+void Engine::reset_moments() {
+  Impl& impl = *impl_;
+  impl.check_call("reset_moments", true);
+  impl.check_boundary("reset_moments");
+  impl.optimizer_step->reset_moments();
+}
+
+void Engine::set_lr_factor(double factor) {
+  Impl& impl = *impl_;
+  impl.check_call("set_lr_factor", true);
+  if (!std::isfinite(factor) || factor < 0.0) {
+    throw UsageError(fmt::format("set_lr_factor({}): the lr factor must be finite and >= 0", factor));
+  }
+  impl.optimizer_step->set_lr_factor(factor);
+}
+
+double Engine::lr_factor() const {
+  return impl_->optimizer_step ? impl_->optimizer_step->lr_factor() : 1.0;
 }
 
 Stream& Engine::compute_stream() {

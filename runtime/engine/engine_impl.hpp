@@ -108,6 +108,7 @@ struct Engine::Impl {
   bool backward_since_step = false;
   std::int64_t global_step = 0;
   std::int64_t skipped_steps = 0;
+  engine::WindowMarks marks;  // of the window in progress (discard_window), cleared at its boundary
 };
 
 }  // namespace zero3

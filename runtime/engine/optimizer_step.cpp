@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "zero3/kernels/kernels.hpp"
 
@@ -136,7 +137,8 @@ std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerCon
   return std::make_unique<DeviceShardOptimizer>(optimizer, device, stream, count, sharded_count, std::move(segments));
 }
 
-OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimizer> optimizer, BufferView params)
+OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimizer> optimizer, BufferView params,
+                             comm::Bootstrap& bootstrap)
     : layout_(wiring.layout),
       config_(wiring.config),
       device_(wiring.device),
@@ -147,35 +149,49 @@ OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimize
       schedule_(optim::LrSchedule::create(wiring.config.scheduler ? &*wiring.config.scheduler : nullptr,
                                           *wiring.config.optimizer)),
       scaler_(optim::LossScaler::from_config(wiring.config)),
+      bootstrap_(bootstrap),
+      nonfinite_(wiring.config.zero3.nonfinite, wiring.communicator.rank()),
       scalars_ready_(wiring.events.acquire()) {
-  scalars_ = device_.allocate(2, DType::f32, MemoryKind::device, MemCategory::workspace);
+  scalars_ = device_.allocate(4, DType::f32, MemoryKind::device, MemCategory::workspace);
   const MemoryKind host_kind = device_.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
-  host_scalars_ = device_.allocate(2, DType::f32, host_kind, MemCategory::staging);
+  host_scalars_ = device_.allocate(4, DType::f32, host_kind, MemCategory::staging);
+  host_marks_ = device_.allocate(4, DType::f32, host_kind, MemCategory::staging);
 }
 
-StepOutcome OptimizerStep::run() {
-  kernels::fill(stream_, scalars_.view(), 0.0f);
+StepOutcome OptimizerStep::run(const WindowMarks& marks) {
+  // The previous run() synchronized on scalars_ready_, so no copy still reads host_marks_.
+  float* m = host_marks_.view().as<float>();
+  m[0] = 0.0f;
+  m[1] = 0.0f;
+  m[2] = marks.nonfinite_loss ? 1.0f : 0.0f;
+  m[3] = marks.discard ? 1.0f : 0.0f;
+  device_.copy_async(scalars_.view(), host_marks_.cview(), stream_);
   // Sharded accumulators are disjoint across ranks; persistent ones are identical on every rank (the
   // all-reduce gives bitwise equal results), so rank 0 alone adds them to count them once.
-  optimizer_->grad_stats(stream_, scalars_.view(), scaler_.checks_overflow(), comm_.rank() == 0);
-  // One all-reduce for both: the flags add up to the number of ranks that saw a non-finite value.
+  optimizer_->grad_stats(stream_, scalars_.view().slice(0, 2), scaler_.checks_overflow(), comm_.rank() == 0);
+  // One all-reduce for all four: the flags add up to the number of ranks that saw or marked something.
   comm_.all_reduce(scalars_.view(), comm::ReduceOp::sum, stream_);
   device_.copy_async(host_scalars_.view(), scalars_.cview(), stream_);
   stream_.record(*scalars_ready_);
   scalars_ready_->synchronize();
-  const float overflow_flag = host_scalars_.view().as<float>()[0];
-  const double total_sq = host_scalars_.view().as<float>()[1];
+  const float* h = host_scalars_.view().as<float>();
+  const float overflow_flag = h[0];
+  const double total_sq = h[1];
 
   StepOutcome out;
   out.loss_scale = scaler_.scale();
+  out.next_loss_scale = out.loss_scale;
   const double norm = std::sqrt(total_sq);  // of the scaled gradients
   out.grad_norm = norm / out.loss_scale;
-  if (overflow_flag != 0.0f) {
+  if (overflow_flag != 0.0f) {  // fp16: the loss scaler's overflow
     optimizer_->clear_grads(stream_);
     scaler_.update(true);
     out.next_loss_scale = scaler_.scale();
     return out;
   }
+  // Any Inf/NaN element makes the squared norm Inf/NaN (the sum is taken in fp64 and adds only squares),
+  // so this check reads nothing the norm did not; a finite-element norm past fp32's range is caught too.
+  if (!std::isfinite(total_sq) || h[2] != 0.0f || h[3] != 0.0f) return skip(out, marks, h[2]);
 
   // DeepSpeed's unscale_and_clip_grads: c = max(1, (N / scale + 1e-6) / clip); gradients times 1 / (c * scale).
   double coefficient = 1.0;
@@ -184,7 +200,7 @@ StepOutcome OptimizerStep::run() {
   }
   const optim::LrValues lr = schedule_->current();
   OptimizerStepArgs args;
-  args.lr = lr.lr;
+  args.lr = lr.lr * lr_factor_;
   args.betas = lr.betas.value_or(config_.optimizer->betas);
   args.grad_scale = static_cast<float>(1.0 / (coefficient * out.loss_scale));
   args.step = applied_steps_ + 1;
@@ -194,10 +210,47 @@ StepOutcome OptimizerStep::run() {
   schedule_->advance();
   scaler_.update(false);
   ++applied_steps_;
+  nonfinite_.applied();
   out.applied = true;
-  out.lr = lr.lr;
+  out.lr = args.lr;
   out.next_loss_scale = scaler_.scale();
   return out;
+}
+
+StepOutcome OptimizerStep::skip(StepOutcome out, const WindowMarks& marks, float loss_ranks) {
+  const bool nonfinite = !std::isfinite(out.grad_norm) || loss_ranks != 0.0f;
+  if (!nonfinite) {  // discarded by a rank: nothing is wrong with the numbers
+    optimizer_->clear_grads(stream_);
+    out.discarded = true;
+    return out;
+  }
+  // The rare path: where the Inf/NaN is, from every rank's shard, before the accumulators are cleared.
+  const NonfiniteReport report = locate_nonfinite(layout_, *optimizer_, device_, stream_, bootstrap_,
+                                                  marks.nonfinite_loss, marks.step, out.grad_norm);
+  optimizer_->clear_grads(stream_);
+  out.nonfinite = true;
+  nonfinite_.skipped(report);  // throws when the policy ends the run
+  return out;
+}
+
+void OptimizerStep::reset_moments() {
+  bool synchronized = false;
+  for (const TensorKind kind : {TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
+    for (const StatePiece& piece : optimizer_->pieces(kind)) {
+      if (piece.view.count == 0) continue;
+      if (piece.view.kind == MemoryKind::device) {
+        kernels::fill(stream_, piece.view, 0.0f);
+        continue;
+      }
+      if (!synchronized) {  // host memory (offload): no queued work may still read or write it
+        stream_.synchronize();
+        optimizer_->prepare_read();
+        synchronized = true;
+      }
+      std::memset(piece.view.data, 0, piece.view.size_bytes());
+    }
+  }
+  applied_steps_ = 0;  // bias correction restarts, so the first steps after the reset are not overscaled
 }
 
 void OptimizerStep::fill_state(TrainingState& state) const {

@@ -1,8 +1,10 @@
 // The optimizer step at an accumulation boundary, in DeepSpeed's ZeRO-3 order (deepspeed/runtime/zero/stage3.py:
 // step, _overflow_check_and_loss_scale_update, unscale_and_clip_grads):
 // fp16 overflow check and global norm (one all-reduce, one small host read), loss-scale update and an early
-// return on overflow with every param and state untouched, then unscale and clip folded into the optimizer
-// kernels, the lr schedule advanced. The update itself is behind ShardOptimizer: the device implementation
+// return on overflow with every param and state untouched; for every dtype, an early return likewise when
+// the norm is not finite or a rank marked its loss non-finite (zero3.nonfinite, nonfinite_guard.hpp), or
+// when a rank discarded the window; then unscale and clip folded into the optimizer kernels, the lr
+// schedule advanced. The update itself is behind ShardOptimizer: the device implementation
 // here runs the fused kernels on the rank's shards; the CPU-offload one (offload_optimizer.hpp) keeps
 // master, state and accumulators in host memory. Engine thread only; device work goes on the stream given.
 #pragma once
@@ -15,6 +17,7 @@
 
 #include "deferred_free.hpp"
 #include "layout.hpp"
+#include "nonfinite_guard.hpp"
 #include "state_pieces.hpp"
 #include "wiring.hpp"
 #include "zero3/comm/communicator.hpp"
@@ -79,8 +82,18 @@ std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerCon
                                                       Stream& stream, std::size_t count, std::size_t sharded_count,
                                                       std::vector<StateSegment> segments);
 
+// What the ranks marked the window with before its boundary (Engine::discard_window); the step's
+// all-reduce makes a mark of any rank count on every rank.
+struct WindowMarks {
+  bool nonfinite_loss = false;
+  bool discard = false;
+  std::int64_t step = 0;  // the global step number this boundary is (1-based), for reports
+};
+
 struct StepOutcome {
   bool applied = false;
+  bool nonfinite = false;  // not applied: non-finite gradients or loss (zero3.nonfinite)
+  bool discarded = false;  // not applied: a rank discarded the window
   double grad_norm = 0.0;  // unscaled, before clipping
   double lr = 0.0;
   double loss_scale = 1.0;  // the scale this step's gradients carried
@@ -90,11 +103,21 @@ struct StepOutcome {
 class OptimizerStep {
  public:
   // Runs on wiring.comm_stream, where the reductions went: the step follows them in stream order.
-  OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimizer> optimizer, BufferView params);
+  // `bootstrap`: the job's, for the agreement on a non-finite step's report.
+  OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimizer> optimizer, BufferView params,
+                comm::Bootstrap& bootstrap);
 
-  // Collective. Blocks once, to read the overflow flag and the squared norm. Zeroes the accumulators
-  // (after use) in either case. Throws Error when an overflow happens at the minimum loss scale.
-  StepOutcome run();
+  // Collective. Blocks once, to read the overflow flag, the squared norm and the window marks (one
+  // all-reduce of 4 floats). Zeroes the accumulators (after use) in every case. Throws Error when an
+  // overflow happens at the minimum loss scale, NonFiniteError when zero3.nonfinite ends the run.
+  StepOutcome run(const WindowMarks& marks);
+
+  // Zeroes the moments (exp_avg, exp_avg_sq, on the device and in host memory) and restarts Adam's bias
+  // correction, as a fresh optimizer would start. Enqueued on the comm stream (host memory: blocks).
+  void reset_moments();
+  // Multiplies the schedule's lr of the following steps (1: the schedule's own).
+  void set_lr_factor(double factor) { lr_factor_ = factor; }
+  double lr_factor() const { return lr_factor_; }
 
   double loss_scale() const { return scaler_.scale(); }
   std::int64_t applied_steps() const { return applied_steps_; }
@@ -113,10 +136,18 @@ class OptimizerStep {
   BufferView params_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   optim::LossScaler scaler_;
+  comm::Bootstrap& bootstrap_;
+  NonfiniteGuard nonfinite_;
   std::int64_t applied_steps_ = 0;
-  Buffer scalars_;       // device: [overflow flag, sum of squares]
+  double lr_factor_ = 1.0;
+  // device: [overflow flag, sum of squares, ranks with a non-finite loss, ranks that discarded the window]
+  Buffer scalars_;
   Buffer host_scalars_;  // host copy of scalars_
+  Buffer host_marks_;    // this rank's marks, copied into scalars_ before the statistics are added
   std::unique_ptr<Event> scalars_ready_;
+
+  // run()'s early return for a step that is not applied.
+  StepOutcome skip(StepOutcome out, const WindowMarks& marks, float loss_ranks);
 };
 
 }  // namespace zero3::engine

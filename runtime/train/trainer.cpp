@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "zero3/ckpt/checkpoint.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
+#include "zero3/train/step_guard.hpp"
 
 namespace zero3::train {
 namespace {
@@ -65,6 +67,7 @@ Trainer::Trainer(UnitTrainer& unit_trainer, TrainData& data, TrainerOptions opti
   }
   checkpointer_ =
       std::make_unique<ckpt::Checkpointer>(unit_trainer_.engine(), unit_trainer_.bootstrap(), options_.checkpoint);
+  guard_ = std::make_unique<StepGuard>(unit_trainer_.engine(), unit_trainer_.bootstrap(), !options_.save_dir.empty());
 }
 
 Trainer::~Trainer() = default;
@@ -84,6 +87,8 @@ std::int64_t Trainer::resume() {
   const ckpt::LoadResult loaded =
       checkpointer_->load(options_.resume == "latest" ? options_.save_dir : options_.resume);
   data_.check_resume(loaded.trainer_state, loaded.step);
+  guard_->restore(loaded.trainer_state);
+  has_checkpoint_ = options_.resume == "latest" || options_.resume == options_.save_dir;
   notify([&](TrainObserver& o) { o.on_resume(loaded); });
   return loaded.step;
 }
@@ -93,10 +98,14 @@ double Trainer::train_step(std::int64_t step) {
   double loss_sum = 0.0;
   StepResult r;
   for (std::int64_t m = 0; m < gas; ++m) {
-    const TokenBatch b = data_.micro_batch(step, m);
-    loss_sum += unit_trainer_.micro_batch(b.tokens, b.targets, b.batch, b.len);
+    const TokenBatch b = data_.micro_batch(guard_->data_step(step), m);
+    const double loss = unit_trainer_.micro_batch(b.tokens, b.targets, b.batch, b.len);
+    loss_sum += loss;
+    guard_->on_micro_loss(loss);
+    if (m + 1 == gas) guard_->before_boundary(step, loss_sum / static_cast<double>(gas), has_checkpoint_);
     r = unit_trainer_.step();
   }
+  guard_->after_boundary(r);
   last_result_ = r;
   return loss_sum / static_cast<double>(gas);
 }
@@ -143,11 +152,24 @@ bool Trainer::stop_agreed(std::int64_t done) {
 }
 
 void Trainer::maybe_save(std::int64_t done, bool force) {
-  if (options_.save_dir.empty() || saved_step_ == done) return;  // the final save may fall on an interval's
+  // saved_step_ == done: this state is saved already (the last interval save, when the interval divides the
+  // run's steps); saving its tag again would try to replace the checkpoint `latest` names.
+  if (options_.save_dir.empty() || saved_step_ == done) return;
   const bool due = options_.save_interval && done % *options_.save_interval == 0;
   if (!(due || force)) return;
-  checkpointer_->save(options_.save_dir, fmt::format("global_step{}", done), done, data_.position(done));
+  nlohmann::json state = data_.position(done);
+  state[StepGuard::kStateKey] = guard_->state();
+  checkpointer_->save(options_.save_dir, fmt::format("global_step{}", done), done, state);
   saved_step_ = done;
+  has_checkpoint_ = true;
+}
+
+std::int64_t Trainer::roll_back(std::int64_t step) {
+  report_saves(checkpointer_->wait());  // the save in flight may be the one to load
+  const ckpt::LoadResult loaded = checkpointer_->load(options_.save_dir);
+  const std::int64_t resumed = guard_->rolled_back(loaded, step);
+  notify([&](TrainObserver& o) { o.on_resume(loaded); });
+  return resumed;
 }
 
 double Trainer::heldout_loss() {
@@ -196,6 +218,11 @@ TrainSummary Trainer::run() {
           static_cast<double>((done - summary_.start_step) * global_batch * data_.predictions_per_window()) /
           e.elapsed_s;
       notify([&](TrainObserver& o) { o.on_step(e); });
+      if (guard_->rollback_due()) {  // a loss spike: on from the last checkpoint, past the spike's batches
+        step = roll_back(step) - 1;
+        window = Window{};
+        continue;
+      }
       report_saves(checkpointer_->poll());  // an async save whose writes finished: commit it
       if (stop_agreed(done)) break;         // saved below, synchronously
       maybe_save(done, false);
@@ -210,6 +237,12 @@ TrainSummary Trainer::run() {
     const std::vector<ckpt::SaveReport> last_saves = checkpointer_->wait();
     report_saves(last_saves);
     if (summary_.preempted) finish_preemption(last_saves, seconds_since(save_start));
+    if (!std::isfinite(summary_.heldout_loss)) {
+      throw NonFiniteError(fmt::format(
+          "the held-out loss after {} steps is {}: the model has diverged (see the non-finite and spike warnings "
+          "above; zero3.nonfinite, gradient_clipping, a lower lr)",
+          options_.steps, summary_.heldout_loss));
+    }
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
     notify([&](TrainObserver& o) { o.on_error(error); });

@@ -27,3 +27,12 @@ if(TARGET zero3)
   set_tests_properties(mpi.bench_stop_agreement.np2 PROPERTIES LABELS "mpi" TIMEOUT 120
                        PASS_REGULAR_EXPRESSION "\"agree_us\": [0-9.]+.*\"barrier_us\": [0-9.]+")
 endif()
+
+# `zero3 train` on a job that diverges (tests/mpi/train_nonfinite_cli_test.sh): skipped non-finite steps,
+# the stop after max_consecutive, policy abort; never a "done" line or exit 0 over a diverged run.
+if(TARGET zero3)
+  add_test(NAME mpi.train_nonfinite_cli
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_nonfinite_cli_test.sh $<TARGET_FILE:zero3>
+                   ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
+  set_tests_properties(mpi.train_nonfinite_cli PROPERTIES LABELS "mpi" TIMEOUT 300)
+endif()

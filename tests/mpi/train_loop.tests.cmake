@@ -5,3 +5,6 @@ zero3_mpi_test(trainer SOURCES mpi/test_trainer.cpp LIBS zero3_train zero3_model
 # saves there; the resumed run equals the straight one bit for bit (tests/mpi/test_trainer_preemption.cpp).
 zero3_mpi_test(trainer_preemption SOURCES mpi/test_trainer_preemption.cpp LIBS zero3_train zero3_model_factory
                NP 1 2 3)
+# The step guard (tests/mpi/test_step_guard.cpp): non-finite losses, the final held-out check, the
+# loss-spike detector and its skip, reset_moments and rollback actions.
+zero3_mpi_test(step_guard SOURCES mpi/test_step_guard.cpp LIBS zero3_train zero3_model_factory NP 1 2 3)

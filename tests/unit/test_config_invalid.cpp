@@ -230,6 +230,17 @@ const Case kCases[] = {
     {"zero3 unknown key", R"({"train_batch_size": 8, "zero3": {"seeds": 1}})", "zero3.seeds", "did you mean 'seed'?"},
     {"pinned budget negative", R"({"train_batch_size": 8, "zero3": {"pinned_memory_budget_gb": -1}})",
      "zero3.pinned_memory_budget_gb", "a number > 0 or \"auto\""},
+    {"nonfinite policy ignore", R"({"train_batch_size": 8, "zero3": {"nonfinite": {"policy": "ignore"}}})",
+     "zero3.nonfinite.policy", "\"skip\", \"abort\""},
+    {"nonfinite max_consecutive zero", R"({"train_batch_size": 8, "zero3": {"nonfinite": {"max_consecutive": 0}}})",
+     "zero3.nonfinite.max_consecutive", "must be > 0"},
+    {"spike ratio threshold 1",
+     R"({"train_batch_size": 8, "zero3": {"spike": {"detector": "ratio", "threshold": 1.0}}})", "zero3.spike.threshold",
+     "must be > 1"},
+    {"spike action restart", R"({"train_batch_size": 8, "zero3": {"spike": {"action": "restart"}}})",
+     "zero3.spike.action", "\"rollback\""},
+    {"spike window 1", R"({"train_batch_size": 8, "zero3": {"spike": {"window": 1}}})", "zero3.spike.window",
+     "must be >= 2"},
 };
 
 }  // namespace

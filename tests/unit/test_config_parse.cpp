@@ -344,6 +344,39 @@ TEST_CASE("the zero3 block", "[config][valid]") {
   CHECK_FALSE(defaults.config->zero3.alerts.errors_only);  // "warning"
 }
 
+TEST_CASE("the zero3 nonfinite and spike blocks", "[config][valid]") {
+  auto d = parse(R"({"train_batch_size": 8})");
+  REQUIRE(d.ok());
+  const Zero3Settings& def = d.config->zero3;
+  CHECK(def.nonfinite.policy == NonfinitePolicy::skip);  // on by default
+  CHECK(def.nonfinite.max_consecutive == 10);
+  CHECK_FALSE(def.spike.enabled);  // off by default
+  CHECK(def.spike.detector == SpikeDetector::zscore);
+  CHECK(def.spike.threshold == 6.0);
+  auto r = parse(R"({"train_batch_size": 8, "zero3": {
+      "nonfinite": {"policy": "abort", "max_consecutive": 3},
+      "spike": {"enabled": true, "detector": "ratio", "window": 20, "warmup_steps": 5, "action": "rollback",
+                "rewarm_steps": 7, "skip_batches": 9, "max_consecutive": 4}}})");
+  INFO(dump(r));
+  REQUIRE(r.ok());
+  const Zero3Settings& s = r.config->zero3;
+  CHECK(s.nonfinite.policy == NonfinitePolicy::abort);
+  CHECK(s.nonfinite.max_consecutive == 3);
+  CHECK(s.spike.enabled);
+  CHECK(s.spike.detector == SpikeDetector::ratio);
+  CHECK(s.spike.threshold == 2.0);  // the ratio detector's default
+  CHECK(s.spike.window == 20);
+  CHECK(s.spike.warmup_steps == 5);
+  CHECK(s.spike.action == SpikeAction::rollback);
+  CHECK(s.spike.rewarm_steps == 7);
+  CHECK(s.spike.skip_batches == 9);
+  CHECK(s.spike.max_consecutive == 4);
+  auto z = parse(R"({"train_batch_size": 8, "zero3": {"spike": {"threshold": 4.5, "action": "reset_moments"}}})");
+  REQUIRE(z.ok());
+  CHECK(z.config->zero3.spike.threshold == 4.5);
+  CHECK(z.config->zero3.spike.action == SpikeAction::reset_moments);
+}
+
 TEST_CASE("shipped example configs are runnable at world size 2", "[config][valid][examples]") {
   struct Expect {
     const char* file;

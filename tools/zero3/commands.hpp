@@ -23,5 +23,7 @@ void add_bench_train_command(CLI::App& group);
 void add_bench_checkpoint_command(CLI::App& group);
 // zero3 bench stop-agreement: per-step cost of the ranks' agreement on a stop request
 void add_bench_stop_command(CLI::App& group);
+// zero3 bench grad-check: the non-finite check vs the norm (registered by add_bench_command)
+void add_bench_grad_check_command(CLI::App& group);
 
 }  // namespace zero3::tools

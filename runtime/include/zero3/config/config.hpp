@@ -23,6 +23,9 @@ enum class TagValidation : std::uint8_t { ignore, warn, fail };
 enum class ModelType : std::uint8_t { gpt, mlp };
 enum class CommBackend : std::uint8_t { automatic, mpi, nccl };
 enum class DeviceChoice : std::uint8_t { automatic, host, cuda };
+enum class NonfinitePolicy : std::uint8_t { skip, abort };
+enum class SpikeDetector : std::uint8_t { ratio, zscore };
+enum class SpikeAction : std::uint8_t { skip, reset_moments, rollback };
 
 // The spellings used in the JSON file ("cpu", "AdamW", "WarmupDecayLR", "Warn", "auto", ...).
 std::string_view to_string(OffloadDevice v);
@@ -33,6 +36,9 @@ std::string_view to_string(TagValidation v);
 std::string_view to_string(ModelType v);
 std::string_view to_string(CommBackend v);
 std::string_view to_string(DeviceChoice v);
+std::string_view to_string(NonfinitePolicy v);
+std::string_view to_string(SpikeDetector v);
+std::string_view to_string(SpikeAction v);
 
 // DeepSpeed's batch rule (train_batch_size == micro batch * gradient accumulation * world size) holds here.
 struct BatchConfig {
@@ -261,6 +267,26 @@ struct AlertSettings {
   bool errors_only = false;  // "level": "error"; the default "warning" alerts on warnings and errors
 };
 
+// zero3.nonfinite: an optimizer step whose gradients (or a rank's loss) hold Inf/NaN, for every dtype (fp16's
+// own overflows stay with its loss scaler).
+struct NonfiniteSettings {
+  NonfinitePolicy policy = NonfinitePolicy::skip;
+  std::int64_t max_consecutive = 10;  // skipped non-finite steps in a row that end the run
+};
+
+// zero3.spike: the loss-spike detector over the window's mean loss and the action taken (off by default).
+struct SpikeSettings {
+  bool enabled = false;
+  SpikeDetector detector = SpikeDetector::zscore;
+  double threshold = 6.0;           // resolved: ratio 2.0, zscore 6.0 when not given
+  std::int64_t window = 100;        // losses the running mean and std are taken over
+  std::int64_t warmup_steps = 100;  // steps observed before the detector arms
+  SpikeAction action = SpikeAction::skip;
+  std::int64_t rewarm_steps = 100;    // reset_moments: applied steps over which the lr ramps back
+  std::int64_t skip_batches = 200;    // rollback: batches after the checkpoint that are not trained on
+  std::int64_t max_consecutive = 10;  // spikes in a row (no normal step between) that end the run
+};
+
 struct Zero3Settings {
   std::int64_t seed = 42;
   std::optional<double> pinned_memory_budget_gb;  // nullopt: "auto", decided at startup from host memory
@@ -269,6 +295,8 @@ struct Zero3Settings {
   std::optional<RunSettings> run;
   CommSettings comm;
   AlertSettings alerts;
+  NonfiniteSettings nonfinite;
+  SpikeSettings spike;
   DeviceChoice device = DeviceChoice::automatic;
 };
 

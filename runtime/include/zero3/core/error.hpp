@@ -34,6 +34,11 @@ class OutOfMemory : public Error {
 class CheckpointError : public Error {
   using Error::Error;
 };
+// Training cannot go on: non-finite gradients or loss under zero3.nonfinite's abort policy or past its
+// max_consecutive, a non-finite held-out loss at the end of a run, or loss spikes past zero3.spike's limit.
+class NonFiniteError : public Error {
+  using Error::Error;
+};
 
 namespace detail {
 // Builds "<call> failed: <detail> (file:line)"; kept out of line so the macros stay small.

@@ -110,8 +110,33 @@ class Engine {
   // accumulation boundary: waits for the reductions, checks fp16 gradients for Inf/NaN (all ranks agree; an
   // overflow skips the step with every param and optimizer state untouched), computes the global norm (one
   // all-reduce), clips, runs the optimizer, writes the new low-precision shards, advances the lr schedule
-  // and the loss scale.
+  // and the loss scale. A non-finite norm (an Inf/NaN gradient element, any dtype) or a window marked by
+  // discard_window() skips the step likewise; non-finite steps follow zero3.nonfinite (a warning event
+  // naming the step, the ranks and the first non-finite param; NonFiniteError under "abort" or after
+  // max_consecutive skips in a row, with the engine still consistent).
   StepResult step();
+
+  // Why a window is not to be applied (discard_window).
+  enum class DiscardReason {
+    nonfinite_loss,  // this rank's loss was Inf/NaN: zero3.nonfinite handles the step as it does Inf/NaN
+                     // gradients (skip with a warning event, or NonFiniteError), even when every gradient is finite
+    requested,       // dropped on purpose (a loss-spike policy): skipped, no warning, not counted as non-finite
+  };
+  // Marks the accumulation window in progress (call before its boundary step()): that step() applies
+  // nothing, leaving every param and optimizer state bitwise untouched (StepResult::nonfinite or
+  // ::discarded), and clears the window's gradients. Rank-local and cheap: the marks travel in the step's
+  // all-reduce, so one rank's mark holds on every rank.
+  void discard_window(DiscardReason reason);
+  // At an accumulation boundary with no scope open (UsageError otherwise): zeroes the optimizer's moments
+  // (exp_avg and exp_avg_sq, on the device and in offloaded host memory) and restarts Adam's bias
+  // correction, as a freshly made optimizer would have them. Master weights, params and the lr schedule
+  // are untouched. Every rank calls it (each resets its own shard).
+  void reset_moments();
+  // Multiplies the lr of the following steps (after the schedule, before each param's lr_scale); 1 by
+  // default. StepResult::lr reports the product. Not part of a checkpoint (a caller that ramps it keeps
+  // its own state). Finite and >= 0, else UsageError.
+  void set_lr_factor(double factor);
+  double lr_factor() const;
 
   // Collective: the full tensor of `param` as fp32 on every rank (for tests, reports and export; it
   // materializes the whole param, so not for the training loop). TensorKind::grad is the accumulated

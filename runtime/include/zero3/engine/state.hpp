@@ -34,8 +34,8 @@ struct ParamSlice {
 // (DeepSpeed's last_batch_iteration) and the fp16 loss scaler.
 struct TrainingState {
   std::int64_t global_step = 0;    // optimizer steps, skipped ones included
-  std::int64_t skipped_steps = 0;  // of those, skipped for overflow
-  std::int64_t applied_steps = 0;  // Adam's bias-correction step count
+  std::int64_t skipped_steps = 0;  // of those, not applied (fp16 overflow, non-finite, discarded)
+  std::int64_t applied_steps = 0;  // Adam's bias-correction step count (restarted by Engine::reset_moments)
   std::int64_t lr_iteration = 0;
   double loss_scale = 1.0;
   std::int64_t scaler_iteration = 0;

@@ -8,13 +8,15 @@ namespace zero3 {
 // What step() did.
 struct StepResult {
   bool boundary = false;    // false: a micro-step inside an accumulation window; nothing else below is set
-  bool applied = false;     // false at a boundary: skipped for fp16 overflow
+  bool applied = false;     // false at a boundary: skipped (fp16 overflow, or one of the two below)
+  bool nonfinite = false;   // skipped: Inf/NaN gradients or a rank's non-finite loss (zero3.nonfinite)
+  bool discarded = false;   // skipped: a rank discarded the window (Engine::discard_window, requested)
   double grad_norm = 0.0;   // global L2 norm of the unscaled gradient (before clipping); NaN/Inf on overflow
-  double lr = 0.0;          // the lr this step applied (before per-param lr_scale); 0 when skipped
+  double lr = 0.0;          // the lr this step applied (schedule x lr factor, before lr_scale); 0 when skipped
   double loss_scale = 1.0;  // the scale the step's gradients carried
   double next_loss_scale = 1.0;
   std::int64_t global_step = 0;    // optimizer steps so far, skipped ones included
-  std::int64_t skipped_steps = 0;  // of those, skipped for overflow
+  std::int64_t skipped_steps = 0;  // of those, not applied (any reason above)
 };
 
 // Host<->device traffic of CPU offload in one accumulation window. Bytes are always counted; times are

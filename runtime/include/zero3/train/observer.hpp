@@ -41,7 +41,7 @@ struct LogEvent {
 class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
-  // The run continues from a checkpoint (before its first step).
+  // The run continues from a checkpoint: before its first step, or after a loss-spike rollback.
   virtual void on_resume(const ckpt::LoadResult& /*loaded*/) {}
   virtual void on_step(const StepEvent& /*event*/) {}
   virtual void on_log(const LogEvent& /*event*/) {}

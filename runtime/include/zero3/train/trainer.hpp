@@ -42,6 +42,8 @@ struct TrainerOptions {
   bool stop_on_request = true;
 };
 
+class StepGuard;  // step_guard.hpp
+
 struct TrainSummary {
   std::int64_t start_step = 0;  // > 0 after a resume
   std::int64_t steps = 0;
@@ -67,9 +69,12 @@ class Trainer {
 
   // Resumes (when asked), trains up to options.steps, saves the final state (with save_dir) and waits for
   // the saves in flight. Failed saves are reported to the observers and as "checkpoint_save_failed" events
-  // as they complete, and make run() throw CheckpointError at the end, after training completed. A stop
-  // request (preemption.hpp) ends the loop after the step all ranks agree on: the state is saved there and
-  // run() returns with `preempted` set (a failed save still throws). Collective.
+  // as they complete, and make run() throw CheckpointError at the end, after training completed. Each step
+  // goes through the StepGuard (step_guard.hpp: non-finite losses, zero3.spike); a rollback it decides loads
+  // the last checkpoint of save_dir (observers get on_resume) and continues from its step. A non-finite final
+  // held-out loss throws NonFiniteError. A stop request (preemption.hpp) ends the loop after the step all
+  // ranks agree on: the state is saved there and run() returns with `preempted` set (a failed save still
+  // throws). Collective.
   TrainSummary run();
 
  private:
@@ -79,6 +84,7 @@ class Trainer {
   void maybe_save(std::int64_t done, bool force);
   bool stop_agreed(std::int64_t done);
   void finish_preemption(const std::vector<ckpt::SaveReport>& saves, double save_s);
+  std::int64_t roll_back(std::int64_t step);
   void report_saves(const std::vector<ckpt::SaveReport>& reports);
   void log_interval(std::int64_t done, const StepResult& r, double loss, Window& window);
   double heldout_loss();
@@ -89,10 +95,12 @@ class Trainer {
   TrainData& data_;
   TrainerOptions options_;
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
+  std::unique_ptr<StepGuard> guard_;
   std::vector<std::shared_ptr<TrainObserver>> observers_;
   TrainSummary summary_;
   StepResult last_result_;
   std::int64_t saved_step_ = -1;
+  bool has_checkpoint_ = false;  // save_dir holds a checkpoint of this run (saved, or resumed from it)
 };
 
 }  // namespace zero3::train
