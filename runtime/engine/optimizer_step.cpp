@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/kernels/kernels.hpp"
 
 namespace zero3::engine {
@@ -159,7 +160,10 @@ StepOutcome OptimizerStep::run() {
   // all-reduce gives bitwise equal results), so rank 0 alone adds them to count them once.
   optimizer_->grad_stats(stream_, scalars_.view(), scaler_.checks_overflow(), comm_.rank() == 0);
   // One all-reduce for both: the flags add up to the number of ranks that saw a non-finite value.
-  comm_.all_reduce(scalars_.view(), comm::ReduceOp::sum, stream_);
+  {
+    const comm::ScopedOpAnnotation note("step", "grad_stats");
+    comm_.all_reduce(scalars_.view(), comm::ReduceOp::sum, stream_);
+  }
   device_.copy_async(host_scalars_.view(), scalars_.cview(), stream_);
   stream_.record(*scalars_ready_);
   scalars_ready_->synchronize();

@@ -67,6 +67,7 @@ class Trainer {
   struct Window;
   std::int64_t resume();
   double train_step(std::int64_t step);
+  void inject_faults(std::int64_t step, std::int64_t& micro_batches);
   void maybe_save(std::int64_t done, bool force);
   void report_saves(const std::vector<ckpt::SaveReport>& reports);
   void log_interval(std::int64_t done, const StepResult& r, double loss, Window& window);
