@@ -134,7 +134,10 @@ WhoIsMissing who_is_missing(const flight::Record& op, const std::string& lane, i
       continue;
     }
     Json p = Json::parse(peer->progress, nullptr, /*allow_exceptions=*/false);
-    const std::uint64_t started = p.is_object() ? p["lanes"][lane].value("started", std::uint64_t{0}) : 0;
+    std::uint64_t started = 0;
+    if (p.is_object() && p.contains("lanes") && p["lanes"].contains(lane) && p["lanes"][lane].is_object()) {
+      started = p["lanes"][lane].value("started", std::uint64_t{0});
+    }
     if (started >= op.seq) {
       w.entered.push_back(r);
       continue;
@@ -258,6 +261,11 @@ struct Watchdog::Impl {
 };
 
 void Watchdog::Impl::run() {
+  try {
+    if (channel) channel->publish(progress_json(rank));  // at once: a rank may stop before the first tick
+  } catch (const std::exception& e) {
+    log::error("watchdog: {}", e.what());
+  }
   std::unique_lock lock(state().mutex);
   while (!stop) {
     state().cv.wait_for(lock, options.poll_interval, [&] { return stop || state().pending.has_value(); });
@@ -356,6 +364,7 @@ Watchdog::~Watchdog() {
     std::lock_guard lock(state().mutex);
     impl_->stop = true;
     --state().watchdogs;
+    if (state().channel == impl_->channel) state().channel.reset();  // the store goes with its engine
   }
   state().cv.notify_all();
   impl_->thread.join();

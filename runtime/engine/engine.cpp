@@ -134,7 +134,7 @@ Engine::Impl::Impl(const config::Config& cfg, const comm::World& w, EngineResour
       comm::WatchdogOptions{
           .timeout = std::chrono::duration<double>(config.zero3.comm.timeout_s),
           .first_step_timeout = std::chrono::duration<double>(config.zero3.comm.first_step_timeout())},
-      world.rank, world.size, comm::make_progress_channel(*bootstrap));
+      world.rank, world.size, comm::make_progress_channel(*bootstrap, world.local_size == world.size));
   events = std::make_unique<engine::EventPool>(*device);
   compute = device->create_stream("compute");
   comm_stream = device->create_stream("comm");

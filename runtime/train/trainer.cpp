@@ -104,7 +104,7 @@ double Trainer::train_step(std::int64_t step) {
   std::int64_t micro_batches = gas;
   inject_faults(step, micro_batches);
   for (std::int64_t m = 0; m < micro_batches; ++m) {
-    const TokenBatch b = data_.micro_batch(step, m);
+    const TokenBatch b = data_.micro_batch(step, std::min(m, gas - 1));  // an injected extra one repeats the last
     loss_sum += unit_trainer_.micro_batch(b.tokens, b.targets, b.batch, b.len);
     r = unit_trainer_.step();
   }

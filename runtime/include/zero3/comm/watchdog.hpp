@@ -77,9 +77,11 @@ class ProgressChannel {
   virtual std::optional<std::string> poll_failure() = 0;
 };
 
-// The job's out-of-band channel (runtime/comm/progress_channel.cpp): collective over all ranks (its
-// endpoint travels through the bootstrap); null when none is available, and with one rank.
-std::shared_ptr<ProgressChannel> make_progress_channel(Bootstrap& bootstrap);
+// The job's out-of-band channel: the progress store (a TCP server on rank 0 that admits only holders of
+// the job's secret; runtime/comm/progress_store.hpp), its endpoint broadcast through the bootstrap.
+// `single_host`: every rank runs on this host (the server binds the loopback address). Collective over
+// all ranks; null with one rank. Throws CommError when rank 0 cannot listen.
+std::shared_ptr<ProgressChannel> make_progress_channel(Bootstrap& bootstrap, bool single_host);
 
 // A rank's one thread that watches this process's collectives while it lives. `channel` may be null
 // (then a report cannot say what the other ranks did, and they learn of the failure only through the
