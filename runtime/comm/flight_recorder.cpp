@@ -77,13 +77,18 @@ std::int64_t now_ns() {
 namespace {
 constexpr std::size_t kDefaultCapacity = 4096;
 
-// FNV-1a over the unit name, mixed into the collective's fingerprint: ranks gathering different units of
-// the same size under the same number differ.
-std::uint64_t mix_unit(std::uint64_t fp, std::string_view unit) {
+// FNV-1a over the annotation, mixed into the collective's fingerprint: ranks gathering different units of
+// the same size under the same number differ, and so do ranks a micro-batch apart (a rank that ran one
+// more issues the same ops as the others, shifted by a whole micro-batch).
+std::uint64_t mix_context(std::uint64_t fp, const Context& cx) {
   std::uint64_t h = fp ^ 14695981039346656037ull;
-  for (const char c : unit) {
-    h ^= static_cast<unsigned char>(c);
+  const auto byte = [&](unsigned char b) {
+    h ^= b;
     h *= 1099511628211ull;
+  };
+  for (const char c : cx.unit) byte(static_cast<unsigned char>(c));
+  for (const std::int64_t v : {cx.step, cx.micro_batch}) {
+    for (int i = 0; i < 8; ++i) byte(static_cast<unsigned char>(static_cast<std::uint64_t>(v) >> (8 * i)));
   }
   return h;
 }
@@ -136,7 +141,7 @@ void Recorder::issued(std::uint32_t lane, const CollectiveInfo& info, std::uint6
   r.step = cx.step;
   r.micro_batch = cx.micro_batch;
   r.first_step = cx.first_step;
-  r.fingerprint = mix_unit(fingerprint(info), cx.unit);
+  r.fingerprint = mix_context(fingerprint(info), cx);
   r.enqueued_ns = t;
 }
 

@@ -39,7 +39,7 @@ struct Record {
   std::int64_t step = -1;         // optimizer steps done when issued
   std::int64_t micro_batch = -1;  // within the accumulation window
   bool first_step = true;         // issued before the first step completed (its longer deadline)
-  std::uint64_t fingerprint = 0;  // fingerprint(info) mixed with the unit name
+  std::uint64_t fingerprint = 0;  // fingerprint(info) mixed with the unit, step and micro-batch
   std::int64_t enqueued_ns = 0;   // system clock, ns since the epoch; 0: not yet
   std::int64_t started_ns = 0;
   std::int64_t completed_ns = 0;

@@ -443,8 +443,14 @@ std::string flight_record_json(std::string_view reason, int rank) {
   const flight::Recorder& rec = flight::Recorder::instance();
   const std::vector<flight::LaneInfo> lanes = rec.lanes();
   const std::vector<flight::Record> records = rec.snapshot();
-  std::string out = fmt::format("{{\"rank\": {}, \"pid\": {}, \"time_ns\": {}, \"reason\": {}, \"lanes\": [", rank,
-                                static_cast<long>(::getpid()), flight::now_ns(), Json(std::string(reason)).dump());
+  int size = 1;
+  {
+    std::lock_guard lock(state().mutex);
+    size = state().size;
+  }
+  std::string out =
+      fmt::format("{{\"rank\": {}, \"size\": {}, \"pid\": {}, \"time_ns\": {}, \"reason\": {}, \"lanes\": [", rank,
+                  size, static_cast<long>(::getpid()), flight::now_ns(), Json(std::string(reason)).dump());
   for (std::size_t i = 0; i < lanes.size(); ++i) {
     out += fmt::format("{}{{\"name\": {}, \"last_started\": {}, \"last_completed\": {}}}", i ? ", " : "",
                        Json(lanes[i].name).dump(), lanes[i].last_started, lanes[i].last_completed);

@@ -104,6 +104,9 @@ double Trainer::train_step(std::int64_t step) {
   std::int64_t micro_batches = gas;
   inject_faults(step, micro_batches);
   for (std::int64_t m = 0; m < micro_batches; ++m) {
+    // The loop's own position tags the collectives (the engine's would follow a rank that ran a micro-batch
+    // more, and hide it from the desync guard).
+    comm::set_progress(step, m);
     const TokenBatch b = data_.micro_batch(step, std::min(m, gas - 1));  // an injected extra one repeats the last
     loss_sum += unit_trainer_.micro_batch(b.tokens, b.targets, b.batch, b.len);
     r = unit_trainer_.step();

@@ -106,7 +106,7 @@ struct MpiCommunicatorOptions {
   // rank must issue them in the same order across communicators.
   bool shared_mpi_thread = false;
   // The desync guard (zero3.comm.desync_check): before each collective the ranks compare its
-  // fingerprint (op, dtype, count, seq, annotated unit) with one 16-byte all-reduce, and ranks that
+  // fingerprint (op, dtype, count, seq; unit, step and micro-batch) with one 16-byte all-reduce; ranks that
   // issued different collectives fail with a CommError naming what each one issued.
   bool desync_check = false;
 };
