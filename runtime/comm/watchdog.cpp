@@ -308,7 +308,7 @@ void Watchdog::Impl::check_deadline() {
   const std::string what = flight::describe_record(*op, lanes);
   const WhoIsMissing who = who_is_missing(*op, lane_name(op->lane), rank, size, channel.get());
   std::string headline = fmt::format(
-      "rank {}: {} did not complete within {:g} s{}: entered at {} ({:.0f} s ago) by {}; missing: {}", rank, what,
+      "rank {}: {} did not complete within {:g} s{}: entered at {} ({:.1f} s ago) by {}; missing: {}", rank, what,
       deadline, long_deadline ? " (the first step's deadline)" : "", clock_text(op->started_ns), waited,
       ranks_text(who.entered), who.missing.empty() ? std::string("unknown") : ranks_text(who.missing));
   run_failure("collective_timeout", headline, op, who.lines, &who, options.grace.count());

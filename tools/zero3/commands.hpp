@@ -22,5 +22,7 @@ void add_bench_offload_command(CLI::App& group);
 void add_bench_train_command(CLI::App& group);
 // zero3 bench checkpoint: save/load GB/s vs plain I/O, async save cost per step
 void add_bench_checkpoint_command(CLI::App& group);
+// zero3 bench desync-guard: step time with and without zero3.comm.desync_check
+void add_bench_desync_command(CLI::App& group);
 
 }  // namespace zero3::tools

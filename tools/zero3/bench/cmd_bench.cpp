@@ -262,6 +262,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_offload_command(*group);
   add_bench_train_command(*group);
   add_bench_checkpoint_command(*group);
+  add_bench_desync_command(*group);
 }
 
 }  // namespace zero3::tools
