@@ -112,6 +112,7 @@ std::uint32_t Recorder::register_lane(std::string_view name) {
 
 void Recorder::set_capacity(std::size_t records) {
   std::lock_guard lock(mutex_);
+  if (ring_.size() == std::max<std::size_t>(records, 1)) return;  // a second engine keeps the history
   ring_.assign(std::max<std::size_t>(records, 1), Record{});
   next_ticket_ = 1;
   last_started_ticket_ = 0;

@@ -126,7 +126,8 @@ void unregister_abort_hook(std::uint64_t id);
 void handle_fatal_error(std::string_view what);
 void arm_fatal_error_handler(bool armed);
 
-// Records kept per rank (zero3.comm.flight_records); the oldest are overwritten. Clears the record.
+// Records kept per rank (zero3.comm.flight_records); the oldest are overwritten. A new capacity clears
+// the record; the same one keeps it.
 void set_flight_capacity(std::size_t records);
 // Writes this rank's record as JSON to <events::run_dir() or ./zero3-run>/flight/rank<R>.json; returns
 // the path (empty when it could not be written: logged).
