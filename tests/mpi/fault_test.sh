@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fault injection through `zero3 train` at 2 ranks (ZERO3_FAULT, runtime/include/zero3/comm/fault.hpp): a
-# rank that stops (SIGSTOP), an injected MPI error, a skipped gather, an extra micro-batch, a collective
+# rank that stops (SIGSTOP; rank 1, and rank 0, which serves the progress store), an injected MPI error, a skipped gather, an extra micro-batch, a collective
 # issued by one rank only; each with and without the desync guard where it matters. Every case must end
 # the job with a non-zero exit within zero3.comm.timeout_s + 30 s, with a report that names the op, the
 # unit, the step and the missing (or failing) rank, and `zero3 debug flight` on the ranks' dumps must name
@@ -41,6 +41,7 @@ done
 # `zero3 debug flight` must say
 cases=(
   "stall|stall:rank=1:step=3|false|did not complete within ${timeout_s} s~all_gather #[0-9]+ .*gather unit embed, step 3~missing: rank 1|^rank 1 never entered all_gather #[0-9]+ \(unit embed, step 3, micro-batch 0\)"
+  "stall_rank0|stall:rank=0:step=3|false|did not complete within ${timeout_s} s~all_gather #[0-9]+ .*gather unit embed, step 3~missing: rank 0~the progress store on rank 0 does not answer: rank 0 is the missing one|^rank 0 never entered all_gather #[0-9]+ \(unit embed, step 3, micro-batch 0\)"
   "mpi_error|mpi_error:rank=1:step=3|false|rank 1: all_gather #[0-9]+ .*injected by ZERO3_FAULT~gather unit embed, step 3~job aborted by rank 1|^rank 1's all_gather #[0-9]+ \(unit embed, step 3, micro-batch 0\) failed"
   "skip_gather+guard|skip_gather:rank=1:step=3:unit=2|true|desync guard~rank 0: all_gather #[0-9]+ \([^)]*gather unit blocks.1, step 3~rank 1: all_gather #[0-9]+ \([^)]*gather unit head, step 3|^the ranks issued different collectives as mpi #[0-9]+: rank 0 all_gather #[0-9]+ \(unit blocks.1, step 3, micro-batch 0\); rank 1 all_gather #[0-9]+ \(unit head, step 3"
   "skip_gather|skip_gather:rank=1:step=3:unit=2|false||"
