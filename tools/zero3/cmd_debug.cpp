@@ -152,18 +152,29 @@ std::optional<std::string> first_stuck(const std::vector<RankRecord>& recs, int 
   if (oldest == nullptr) return std::nullopt;
   lane_out = oldest->lane;
   seq_out = oldest->seq;
-  std::vector<int> waiting, never, no_record;
-  std::int64_t dump_ns = 0;
+  // The first dump is when the failure was reported: a rank that entered only after it (a stopped rank
+  // continued by the launcher's kill) had not entered when it mattered.
+  std::int64_t reported_ns = recs.front().time_ns;
+  for (const RankRecord& r : recs) reported_ns = std::min(reported_ns, r.time_ns);
+  std::vector<int> waiting, never, no_record, late;
   for (int rank = 0; rank < size; ++rank) {
     const auto it = std::find_if(recs.begin(), recs.end(), [&](const RankRecord& r) { return r.rank == rank; });
     if (it == recs.end()) {
       no_record.push_back(rank);
       continue;
     }
-    dump_ns = std::max(dump_ns, it->time_ns);
     const auto ls = it->last_started.find(oldest->lane);
+    const auto lane_ops = it->ops.find(oldest->lane);
+    const Op* mine = nullptr;
+    if (lane_ops != it->ops.end()) {
+      const auto op = lane_ops->second.find(oldest->seq);
+      if (op != lane_ops->second.end()) mine = &op->second;
+    }
     if (ls == it->last_started.end() || ls->second < oldest->seq) {
       never.push_back(rank);
+    } else if (mine != nullptr && mine->started_ns > reported_ns) {
+      never.push_back(rank);
+      late.push_back(rank);
     } else {
       waiting.push_back(rank);
     }
@@ -175,8 +186,9 @@ std::optional<std::string> first_stuck(const std::vector<RankRecord>& recs, int 
                                      : fmt::format("{} never entered {}", ranks_text(missing), short_name(*oldest));
   if (!waiting.empty()) {
     line += fmt::format("; {} waiting since {} ({:.0f} s)", ranks_text(waiting), clock_text(oldest->started_ns),
-                        static_cast<double>(dump_ns - oldest->started_ns) / 1e9);
+                        static_cast<double>(reported_ns - oldest->started_ns) / 1e9);
   }
+  if (!late.empty()) line += fmt::format(" ({} entered only after the failure was reported)", ranks_text(late));
   if (!no_record.empty()) line += fmt::format(" (no flight record from {})", ranks_text(no_record));
   return line;
 }
