@@ -69,6 +69,7 @@ void Sha256::compress(const std::byte* block) {
 }
 
 void Sha256::update(std::span<const std::byte> data) {
+  if (data.empty()) return;  // an empty span may hold a null pointer, which memcpy must not see
   total_bytes_ += data.size();
   std::size_t offset = 0;
   if (block_fill_ > 0) {

@@ -2,6 +2,8 @@
 // call blocks on a peer: sockets are non-blocking, buffers are bounded per connection, a handshake has a
 // deadline, and the connections still in the handshake are capped (the oldest gives way to a new one).
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -75,28 +77,65 @@ struct AddrInfoDeleter {
 };
 using AddrInfoList = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 
-// The first non-loopback address this host's name resolves to, as a numeric string.
-std::string host_interface_address() {
+std::string numeric_host(const sockaddr* addr, socklen_t length) {
+  char host[INET6_ADDRSTRLEN + 16] = {};
+  if (::getnameinfo(addr, length, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) return {};
+  return host;
+}
+
+// The first non-loopback address this host's name resolves to, as a numeric string; empty when none.
+std::string host_name_address(const std::string& name) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(name.c_str(), nullptr, &hints, &found);
+  AddrInfoList list(found);
+  for (const addrinfo* ai = rc == 0 ? found : nullptr; ai != nullptr; ai = ai->ai_next) {
+    if (is_loopback(ai->ai_addr) || is_wildcard(ai->ai_addr)) continue;
+    if (std::string host = numeric_host(ai->ai_addr, ai->ai_addrlen); !host.empty()) return host;
+  }
+  return {};
+}
+
+// The first IPv4 address of an interface that is up and not loopback; empty when none.
+std::string first_interface_address(std::string& interface_name) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return {};
+  std::string found;
+  for (const ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_UP) == 0 ||
+        (i->ifa_flags & IFF_LOOPBACK) != 0 || is_loopback(i->ifa_addr)) {
+      continue;
+    }
+    found = numeric_host(i->ifa_addr, sizeof(sockaddr_in));
+    interface_name = i->ifa_name;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// This host's address for the other hosts' ranks: its name's first non-loopback address, else (names
+// often map to 127.0.1.1 in /etc/hosts) the first interface that is up and not loopback.
+std::pair<std::string, std::string> host_interface_address() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) {
     throw CommError("progress server: gethostname failed (" + errno_text(errno) +
                     "); set ZERO3_PROGRESS_ADDR to an address of this host that every rank can reach");
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int rc = ::getaddrinfo(name, nullptr, &hints, &found);
-  AddrInfoList list(found);
-  for (const addrinfo* ai = rc == 0 ? found : nullptr; ai != nullptr; ai = ai->ai_next) {
-    if (is_loopback(ai->ai_addr) || is_wildcard(ai->ai_addr)) continue;
-    char host[INET6_ADDRSTRLEN + 16] = {};
-    if (::getnameinfo(ai->ai_addr, ai->ai_addrlen, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) == 0) return host;
+  if (std::string host = host_name_address(name); !host.empty()) {
+    return {host, fmt::format("the first non-loopback address of host name '{}'", name)};
+  }
+  std::string interface_name;
+  if (std::string host = first_interface_address(interface_name); !host.empty()) {
+    return {host, fmt::format("interface {}, since host name '{}' resolves to no non-loopback address; set "
+                              "ZERO3_PROGRESS_ADDR if the other hosts reach this one by another",
+                              interface_name, name)};
   }
   throw CommError(fmt::format(
-      "progress server: host name '{}' resolves to no non-loopback address ({}); set ZERO3_PROGRESS_ADDR to an "
-      "address of this host that every rank can reach",
-      name, rc == 0 ? "only loopback addresses" : ::gai_strerror(rc)));
+      "progress server: neither host name '{}' nor any interface that is up has a non-loopback address; set "
+      "ZERO3_PROGRESS_ADDR to an address of this host that every rank can reach",
+      name));
 }
 
 using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
@@ -127,7 +166,9 @@ BindChoice choose_bind(const ProgressServerOptions& options) {
   } else if (auto addr = env("ZERO3_PROGRESS_ADDR"); addr && !addr->empty()) {
     choice = {*addr, "ZERO3_PROGRESS_ADDR"};
   } else {
-    choice = {host_interface_address(), "the host name's first non-loopback address"};
+    const auto [address, why] = host_interface_address();
+    choice = {address, why};
+    log::info("progress server: listening on {} ({})", address, why);
   }
   choice.port = options.port;
   if (choice.port == 0) {

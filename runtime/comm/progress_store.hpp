@@ -44,9 +44,10 @@ struct ProgressEndpoint {
 struct ProgressServerOptions {
   int world_size = 1;  // ranks 0 .. world_size-1 may authenticate
   // Every rank runs on this host (World::local_size == World::size): bind 127.0.0.1. Otherwise bind the
-  // address named by ZERO3_PROGRESS_ADDR, else the first non-loopback address of this host's name.
+  // address named by ZERO3_PROGRESS_ADDR, else the first non-loopback address of this host's name, else
+  // the first IPv4 address of an interface that is up and not loopback (logged).
   bool single_host = true;
-  // Overrides the choice above (tests); a numeric address. Never defaults to 0.0.0.0.
+  // Overrides the choice above (tests); a numeric address. The wildcard (0.0.0.0, ::) is refused.
   std::string bind_address;
   std::uint16_t port = 0;  // 0: an ephemeral port (ZERO3_PROGRESS_PORT overrides)
   // A connection that has not proven the secret within this long is closed.
@@ -76,10 +77,10 @@ struct ProgressServerStats {
   }
 };
 
-// Listens on construction (throws CommError naming the address when it cannot bind), serves until
-// destroyed; destruction wakes the server thread and returns promptly. Methods may be called from any
-// thread. Refusals are logged as warnings, at most one line per few seconds, with counts of what was
-// suppressed.
+// Listens on construction (CommError naming the address when it finds none or cannot bind; ConfigError for
+// a ZERO3_PROGRESS_PORT that is not a port) and serves until destroyed; destruction wakes the server thread
+// and returns promptly. Methods may be called from any thread. Refusals are logged as warnings, at most one
+// line per few seconds, with counts of what was suppressed.
 class ProgressServer {
  public:
   explicit ProgressServer(ProgressServerOptions options);

@@ -108,7 +108,12 @@ bool closed_by_server(const UniqueFd& fd) {
 }
 
 // Runs a raw handshake up to the auth frame with the given secret and rank; returns the socket.
-UniqueFd raw_authenticate(const ProgressEndpoint& e, const zero3::comm::detail::Secret& secret, std::uint32_t rank) {
+struct RawSession {
+  UniqueFd fd;
+  zero3::comm::detail::HandshakeTranscript transcript;
+};
+
+RawSession raw_authenticate(const ProgressEndpoint& e, const zero3::comm::detail::Secret& secret, std::uint32_t rank) {
   namespace d = zero3::comm::detail;
   UniqueFd fd = raw_connect(e);
   send_raw(fd, preamble());
@@ -128,7 +133,21 @@ UniqueFd raw_authenticate(const ProgressEndpoint& e, const zero3::comm::detail::
   std::vector<std::byte> frame;
   d::append_frame(frame, d::FrameType::auth, body, nullptr);
   send_raw(fd, frame);
-  return fd;
+  return {std::move(fd), t};
+}
+
+// Receives one tagged frame of the session; returns its type, or -1 when the server closed the connection.
+int raw_receive(const UniqueFd& fd, zero3::comm::detail::SessionDirection& from_server) {
+  namespace d = zero3::comm::detail;
+  std::vector<std::byte> frame(d::kFrameHeaderBytes);
+  if (::recv(fd.get(), frame.data(), frame.size(), MSG_WAITALL) != ssize_t(frame.size())) return -1;
+  const std::uint32_t length = d::ByteReader(frame).u32();
+  REQUIRE(length < 1'000'000);
+  frame.resize(d::kFrameHeaderBytes + length);
+  if (::recv(fd.get(), frame.data() + 4, length, MSG_WAITALL) != ssize_t(length)) return -1;
+  const d::ParseResult r = d::parse_frame(frame, length, &from_server);
+  REQUIRE(r.status == d::ParseStatus::ok);
+  return r.frame.type;
 }
 
 }  // namespace
@@ -275,11 +294,15 @@ TEST_CASE("the server binds loopback for one host, the named address otherwise, 
     CHECK_THROWS_AS(ProgressServer(o), zero3::ConfigError);
   }
   {
-    // Across hosts without ZERO3_PROGRESS_ADDR: this host's own address, or an error that names the variable.
+    // Across hosts without ZERO3_PROGRESS_ADDR: an address of this host other ranks can reach (not
+    // loopback, not the wildcard), or an error that names the variable.
     auto o = local_options(1);
     o.single_host = false;
     try {
-      const std::string host = ProgressServer(o).endpoint().host;
+      ProgressServer server(o);
+      const std::string host = server.endpoint().host;
+      ProgressClient client(server.endpoint(), 0, 2000ms);
+      CHECK(client.publish("over " + host));
       CHECK(host != "0.0.0.0");
       CHECK(host.rfind("127.", 0) != 0);
       CHECK(host != "::1");
@@ -389,10 +412,86 @@ TEST_CASE("a client with the wrong secret is refused and counted; the job's clie
 
 TEST_CASE("a correct proof for a rank outside the world is refused", "[progress][security]") {
   ProgressServer server(local_options(2));
-  const UniqueFd fd = raw_authenticate(server.endpoint(), server.endpoint().secret, 9);
-  CHECK(closed_by_server(fd));
+  const RawSession session = raw_authenticate(server.endpoint(), server.endpoint().secret, 9);
+  CHECK(closed_by_server(session.fd));
   CHECK(eventually([&] { return server.stats().refused_bad_secret == 1; }));
   CHECK(server.stats().authenticated == 0);
+}
+
+TEST_CASE("on an open session, a forged, replayed or unknown frame closes the connection", "[progress][security]") {
+  namespace d = zero3::comm::detail;
+  ProgressServer server(local_options(2));
+  const auto secret = server.endpoint().secret;
+  const auto open_session = [&](d::SessionDirection& to_server, d::SessionDirection& from_server) {
+    RawSession s = raw_authenticate(server.endpoint(), secret, 1);
+    std::array<std::byte, 4 + 1 + d::kAuthOkBody> auth_ok;
+    REQUIRE(::recv(s.fd.get(), auth_ok.data(), auth_ok.size(), MSG_WAITALL) == ssize_t(auth_ok.size()));
+    const d::Proof expected = d::server_proof(secret, s.transcript);
+    REQUIRE(std::equal(expected.begin(), expected.end(), auth_ok.begin() + 5));
+    to_server = {d::session_key(secret, s.transcript), 'C', 0};
+    from_server = {d::session_key(secret, s.transcript), 'S', 0};
+    return std::move(s.fd);
+  };
+  const auto record = bytes_of("step 3");
+  {
+    // The harness speaks the protocol: a rightly tagged publish is acknowledged.
+    d::SessionDirection to_server, from_server;
+    const UniqueFd fd = open_session(to_server, from_server);
+    std::vector<std::byte> frame;
+    d::append_frame(frame, d::FrameType::publish, record, &to_server);
+    send_raw(fd, frame);
+    CHECK(raw_receive(fd, from_server) == int(d::FrameType::ack));
+    // The same bytes again: the counter has moved on, so the tag no longer fits.
+    send_raw(fd, frame);
+    CHECK(raw_receive(fd, from_server) == -1);
+  }
+  {
+    d::SessionDirection to_server, from_server;
+    const UniqueFd fd = open_session(to_server, from_server);
+    d::SessionDirection forger = to_server;
+    forger.key[0] ^= std::byte{1};
+    std::vector<std::byte> frame;
+    d::append_frame(frame, d::FrameType::publish, bytes_of("forged"), &forger);
+    send_raw(fd, frame);
+    CHECK(raw_receive(fd, from_server) == -1);
+  }
+  {
+    d::SessionDirection to_server, from_server;
+    const UniqueFd fd = open_session(to_server, from_server);
+    std::vector<std::byte> frame;
+    d::append_frame(frame, d::FrameType(0x7f), record, &to_server);
+    send_raw(fd, frame);
+    CHECK(raw_receive(fd, from_server) == -1);
+  }
+  CHECK(eventually([&] { return server.stats().refused_garbage == 2; }));  // replay and forgery
+  ProgressClient observer(server.endpoint(), 0, 2000ms);
+  const auto snap = observer.fetch();
+  REQUIRE(snap);
+  CHECK(snap->ranks[1].record == "step 3");
+}
+
+TEST_CASE("random bytes from many connections never stop the server", "[progress][security]") {
+  namespace d = zero3::comm::detail;
+  ProgressServer server(local_options(2));
+  ProgressClient good(server.endpoint(), 0, 2000ms);
+  REQUIRE(good.connect());
+  std::mt19937 rng(std::random_device{}());
+  constexpr int kPeers = 120;
+  for (int i = 0; i < kPeers; ++i) {
+    const UniqueFd fd = raw_connect(server.endpoint());
+    std::vector<std::byte> out;
+    if (i % 2 == 0) out = preamble();  // half get past the preamble, so the framing sees the noise
+    if (i % 4 == 0) d::put_u32(out, std::uniform_int_distribution<std::uint32_t>(0, 80)(rng));
+    const std::size_t noise = std::uniform_int_distribution<std::size_t>(1, 300)(rng);
+    for (std::size_t k = 0; k < noise; ++k) out.push_back(std::byte(rng() & 0xff));
+    ::send(fd.get(), out.data(), out.size(), MSG_NOSIGNAL);
+    if (i % 10 == 0) REQUIRE(good.publish(fmt::format("after {} noisy peers", i)));
+  }
+  CHECK(eventually([&] { return server.stats().refused_total() == kPeers; }));
+  CHECK(server.stats().authenticated == 1);
+  const auto snap = good.fetch();
+  REQUIRE(snap);
+  CHECK(snap->ranks[0].record == "after 110 noisy peers");
 }
 
 TEST_CASE("a client refuses a server that cannot prove the secret", "[progress][security]") {
