@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
@@ -592,17 +593,21 @@ Checkpointer::~Checkpointer() {
   if (impl_->flight) impl_->abandon_flight();
 }
 
+// The checkpoint's exchanges wait for the slowest rank's writes: they get the longer deadline.
 void Checkpointer::save(const fs::path& root, const std::string& tag, std::int64_t step, const Json& trainer_state) {
+  const comm::ScopedOpAnnotation note("checkpoint", tag);
   impl_->save(root, tag, step, trainer_state);
 }
 
 std::vector<SaveReport> Checkpointer::poll() {
+  const comm::ScopedOpAnnotation note("checkpoint");
   std::vector<SaveReport> out = std::exchange(impl_->pending, {});
   if (std::optional<SaveReport> r = impl_->complete(/*block=*/false)) out.push_back(std::move(*r));
   return out;
 }
 
 std::vector<SaveReport> Checkpointer::wait() {
+  const comm::ScopedOpAnnotation note("checkpoint");
   std::vector<SaveReport> out = std::exchange(impl_->pending, {});
   if (std::optional<SaveReport> r = impl_->complete(/*block=*/true)) out.push_back(std::move(*r));
   return out;
@@ -613,6 +618,7 @@ bool Checkpointer::in_flight() const {
 }
 
 LoadResult Checkpointer::load(const fs::path& path, std::string_view tag) {
+  const comm::ScopedOpAnnotation note("checkpoint", tag);
   return impl_->load(path, tag);
 }
 

@@ -12,7 +12,10 @@
 #include <exception>
 #include <utility>
 
+#include "flight_recorder.hpp"
 #include "mpi_check.hpp"
+#include "zero3/comm/fault.hpp"
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/core/log.hpp"
 
 namespace zero3::comm {
@@ -176,9 +179,13 @@ MpiRuntime::MpiRuntime() : thread_("zero3-mpi") {
     log::warn("MPI provides {} (not MPI_THREAD_MULTIPLE): every communicator's MPI calls share one thread",
               thread_level_name(provided_));
   }
+  // The failure policy's way to end every rank: called from the watchdog's thread, which may be any
+  // thread while the MPI threads are blocked in the collective that never completes.
+  abort_hook_ = register_abort_hook([] { MPI_Abort(MPI_COMM_WORLD, 1); });
 }
 
 MpiRuntime::~MpiRuntime() {
+  unregister_abort_hook(abort_hook_);
   try {
     thread_.call([this] {
       ZERO3_MPI_CHECK_NOTHROW(MPI_Op_free(&nan_max_));
@@ -258,6 +265,7 @@ MpiBootstrap::MpiBootstrap(std::shared_ptr<MpiRuntime> runtime, const World& wor
   }
   rank_ = world.rank;
   size_ = world.size;
+  flight_lane_ = flight::Recorder::instance().register_lane("bootstrap");
   runtime_->thread().call([&] {
     ZERO3_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     ZERO3_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
@@ -283,7 +291,7 @@ void MpiBootstrap::broadcast(std::vector<std::byte>& bytes, int root) {
     throw UsageError(
         fmt::format("Bootstrap::broadcast on rank {}: root {} is not a rank in [0, {})", rank_, root, size_));
   }
-  runtime_->thread().call([&] {
+  run_recorded("broadcast", bytes.size(), [&] {
     // Sizes first, so a mismatch is an error on every rank rather than a truncation on some.
     const auto sizes = gather_sizes(bytes.size());
     if (std::any_of(sizes.begin(), sizes.end(), [&](std::uint64_t s) { return s != sizes.front(); })) {
@@ -300,7 +308,7 @@ void MpiBootstrap::broadcast(std::vector<std::byte>& bytes, int root) {
 
 std::vector<std::byte> MpiBootstrap::all_gather(const std::vector<std::byte>& mine) {
   std::vector<std::byte> all;
-  runtime_->thread().call([&] {
+  run_recorded("all_gather", mine.size() * static_cast<std::size_t>(size_), [&] {
     const auto sizes = gather_sizes(mine.size());
     if (std::any_of(sizes.begin(), sizes.end(), [&](std::uint64_t s) { return s != sizes.front(); })) {
       throw UsageError(fmt::format("Bootstrap::all_gather on rank {}: ranks passed different sizes ({} bytes by rank)",
@@ -318,7 +326,32 @@ std::vector<std::byte> MpiBootstrap::all_gather(const std::vector<std::byte>& mi
 }
 
 void MpiBootstrap::barrier() {
-  runtime_->thread().call([&] { ZERO3_MPI_CHECK(MPI_Barrier(comm_)); });
+  run_recorded("barrier", 0, [&] { ZERO3_MPI_CHECK(MPI_Barrier(comm_)); });
+}
+
+void MpiBootstrap::run_recorded(std::string_view op, std::size_t size_bytes, const std::function<void()>& exchange) {
+  flight::Recorder& recorder = flight::Recorder::instance();
+  CollectiveInfo info;
+  info.seq = ++last_seq_;
+  info.op = op;
+  info.count = size_bytes;
+  recorder.issued(flight_lane_, info, size_bytes, "bootstrap");
+  runtime_->thread().call([&] {
+    recorder.started(flight_lane_, info.seq);
+    try {
+      exchange();
+    } catch (const CommError& e) {
+      recorder.completed(flight_lane_, info.seq, /*failed=*/true);
+      flight::report_collective_failure(
+          "collective_failed", flight_lane_, info.seq,
+          fmt::format("bootstrap {} #{} failed on rank {}: {}", op, info.seq, rank_, e.what()));
+      throw;
+    } catch (...) {
+      recorder.completed(flight_lane_, info.seq, /*failed=*/true);
+      throw;
+    }
+    recorder.completed(flight_lane_, info.seq, /*failed=*/false);
+  });
 }
 
 std::shared_ptr<Bootstrap> make_mpi_bootstrap(const World& world) {
@@ -428,6 +461,14 @@ void divide(float* x, std::size_t n, int size) {
 
 // ---------------------------------------------------------------- MpiCommunicator
 
+namespace {
+// The desync guard's finding: reported as kind "desync" instead of a plain collective failure.
+class DesyncError : public CommError {
+ public:
+  using CommError::CommError;
+};
+}  // namespace
+
 // The stream's half of a collective. run() executes on the stream's host thread: it hands the body to
 // the MPI thread and sleeps until it is done, so later work on the stream sees the result. When the
 // stream drops the function without running it (the stream failed earlier), the destructor tells the
@@ -473,7 +514,8 @@ MpiCommunicator::MpiCommunicator(std::shared_ptr<Bootstrap> bootstrap, Device& d
                                  const MpiCommunicatorOptions& options)
     : CommunicatorBase(bootstrap->rank(), bootstrap->size(), device),
       bootstrap_(std::move(bootstrap)),
-      mpi_bootstrap_(dynamic_cast<MpiBootstrap&>(*bootstrap_)) {
+      mpi_bootstrap_(dynamic_cast<MpiBootstrap&>(*bootstrap_)),
+      desync_check_(options.desync_check) {
   MpiRuntime& runtime = mpi_bootstrap_.runtime();
   if (options.shared_mpi_thread || !runtime.thread_multiple()) {
     thread_ = &runtime.thread();
@@ -542,20 +584,71 @@ std::shared_ptr<Work> MpiCommunicator::enqueue(const CollectiveInfo& info, Strea
 void MpiCommunicator::execute(MpiOp& op, const std::function<void()>& body) {
   if (!broken_.empty()) {
     op.finish(failure_message(op.info, "the communicator is unusable after an earlier failure: " + broken_));
+    flight::Recorder::instance().completed(flight_lane(), op.info.seq, /*failed=*/true);
     return;
   }
+  flight::Recorder& recorder = flight::Recorder::instance();
+  const std::optional<flight::Record> record = recorder.find(flight_lane(), op.info.seq);
+  recorder.started(flight_lane(), op.info.seq);
+  std::string_view kind = "collective_failed";
+  std::string error;
   try {
+    if (desync_check_) check_in_step(op.info, record);
+    if (record && fault::fire(fault::Kind::mpi_error, rank(), record->step)) {
+      throw CommError(
+          fmt::format("MPI_ERR_OTHER: known error not in list (MPI error 16), injected by ZERO3_FAULT "
+                      "into {}",
+                      describe(op.info)));
+    }
     body();
-    op.finish({});
+  } catch (const DesyncError& e) {
+    kind = "desync";
+    error = e.what();
   } catch (const std::exception& e) {
-    broken_ = failure_message(op.info, e.what());
-    op.finish(broken_);
+    error = e.what();
   }
+  if (error.empty()) {
+    recorder.completed(flight_lane(), op.info.seq, /*failed=*/false);
+    op.finish({});
+    return;
+  }
+  broken_ = failure_message(op.info, error);
+  recorder.completed(flight_lane(), op.info.seq, /*failed=*/true);
+  flight::report_collective_failure(kind, flight_lane(), op.info.seq, broken_);
+  op.finish(broken_);
+}
+
+// The desync guard: before the collective, every rank contributes (fp, ~fp) to a max all-reduce on the
+// same communicator and thread, so it pairs with the other ranks' guards; equal fingerprints give back
+// exactly (fp, ~fp). On a mismatch every rank sees it (the max differs from its own in one of the two)
+// and the ranks all-gather their descriptions to name what each one issued.
+void MpiCommunicator::check_in_step(const CollectiveInfo& info, const std::optional<flight::Record>& record) {
+  const std::uint64_t fp = record ? record->fingerprint : fingerprint(info);
+  std::uint64_t both[2] = {fp, ~fp};
+  ZERO3_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX, comm_));
+  if (both[0] == fp && both[1] == ~fp) return;
+  constexpr std::size_t kText = 224;
+  char mine[kText] = {};
+  const std::string text =
+      record ? flight::describe_record(*record, flight::Recorder::instance().lanes()) : describe(info);
+  std::memcpy(mine, text.data(), std::min(text.size(), kText - 1));
+  std::vector<char> all(kText * static_cast<std::size_t>(size()));
+  ZERO3_MPI_CHECK(MPI_Allgather(mine, kText, MPI_CHAR, all.data(), kText, MPI_CHAR, comm_));
+  std::string ranks;
+  for (int r = 0; r < size(); ++r) {
+    const char* t = all.data() + kText * static_cast<std::size_t>(r);
+    ranks += fmt::format("{}rank {}: {}", r ? "; " : "", r, std::string_view(t, ::strnlen(t, kText)));
+  }
+  throw DesyncError(fmt::format("desync guard: the ranks issued different collectives as #{}: {}", info.seq, ranks));
 }
 
 void MpiCommunicator::abandon(MpiOp& op, std::string_view reason) {
   std::string failure = failure_message(op.info, reason);
-  if (broken_.empty()) broken_ = failure;  // the other ranks ran it: from here on the ranks disagree
+  flight::Recorder::instance().completed(flight_lane(), op.info.seq, /*failed=*/true);
+  if (broken_.empty()) {  // the other ranks ran it: from here on the ranks disagree
+    broken_ = failure;
+    flight::report_collective_failure("collective_failed", flight_lane(), op.info.seq, failure);
+  }
   op.finish(std::move(failure));
 }
 

@@ -13,10 +13,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "communicator_base.hpp"
+#include "flight_recorder.hpp"
 #include "zero3/comm/communicator.hpp"
 
 namespace zero3::comm {
@@ -86,6 +88,7 @@ class MpiRuntime {
   int provided_ = MPI_THREAD_SINGLE;
   bool initialized_here_ = false;  // false when the application had initialized MPI itself
   MPI_Op nan_max_ = MPI_OP_NULL;
+  std::uint64_t abort_hook_ = 0;
 };
 
 class MpiBootstrap final : public Bootstrap {
@@ -106,7 +109,13 @@ class MpiBootstrap final : public Bootstrap {
   // All ranks' values of `v` (one collective on the runtime thread; call from inside thread().call).
   std::vector<std::uint64_t> gather_sizes(std::uint64_t v);
 
+  // Runs `exchange` on the runtime thread as bootstrap collective `op`, recorded in the flight recorder
+  // (its own lane and numbers: the bootstrap is called from one thread at a time, on every rank in order).
+  void run_recorded(std::string_view op, std::size_t size_bytes, const std::function<void()>& exchange);
+
   std::shared_ptr<MpiRuntime> runtime_;
+  std::uint32_t flight_lane_ = 0;
+  std::uint64_t last_seq_ = 0;     // bootstrap exchanges so far
   MPI_Comm comm_ = MPI_COMM_NULL;  // a dup of MPI_COMM_WORLD, so our traffic never meets the application's
   int rank_ = 0;
   int size_ = 1;
@@ -140,6 +149,9 @@ class MpiCommunicator final : public CommunicatorBase {
   // On the MPI thread: runs `op`'s body unless the communicator is broken, and completes the op.
   void execute(MpiOp& op, const std::function<void()>& body);
   void abandon(MpiOp& op, std::string_view reason);  // on the MPI thread, for ops whose stream skipped them
+  // The desync guard (MpiCommunicatorOptions::desync_check), on the MPI thread before `info`'s body:
+  // throws a CommError naming each rank's collective when the ranks' fingerprints differ.
+  void check_in_step(const CollectiveInfo& info, const std::optional<flight::Record>& record);
 
   // Bodies, run on the MPI thread.
   void run_all_gather(ConstBufferView send, BufferView recv);
@@ -157,6 +169,7 @@ class MpiCommunicator final : public CommunicatorBase {
   MPI_Comm comm_ = MPI_COMM_NULL;  // MPI thread only (after construction)
   Buffer scratch_[3];              // MPI thread only
   std::string broken_;             // the first failure; later collectives fail with it. MPI thread only
+  const bool desync_check_;
 };
 
 }  // namespace zero3::comm

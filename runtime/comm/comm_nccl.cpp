@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nccl_check.hpp"
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/core/log.hpp"
 
 namespace zero3::comm {
@@ -148,9 +149,16 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Bootstrap> bootstrap, Device&
   ncclComm_t comm = nullptr;
   ZERO3_NCCL_CHECK(ncclCommInitRank(&comm, size(), id, rank()));
   comm_ = std::make_shared<NcclCommHandle>(comm, cuda_device, std::move(barrier_buffer));
+  // The failure policy aborts NCCL before MPI (hooks run newest first): kernels stuck waiting for a peer
+  // that is gone never return otherwise.
+  abort_hook_ = register_abort_hook([weak = std::weak_ptr<NcclCommHandle>(comm_)] {
+    if (const auto handle = weak.lock()) ncclCommAbort(handle->get());
+  });
 }
 
-NcclCommunicator::~NcclCommunicator() = default;
+NcclCommunicator::~NcclCommunicator() {
+  unregister_abort_hook(abort_hook_);
+}
 
 void NcclCommunicator::check_memory(std::string_view op, std::string_view what, MemoryKind kind) const {
   if (kind != MemoryKind::device) {

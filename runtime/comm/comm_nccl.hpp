@@ -61,6 +61,7 @@ class NcclCommunicator final : public CommunicatorBase {
 
   std::shared_ptr<Bootstrap> bootstrap_;  // kept for the communicator's life, like the MPI backend's
   std::shared_ptr<NcclCommHandle> comm_;  // shared with outstanding Works
+  std::uint64_t abort_hook_ = 0;          // ncclCommAbort for the failure policy
 };
 
 }  // namespace zero3::comm

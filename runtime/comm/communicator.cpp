@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "communicator_base.hpp"
+#include "flight_recorder.hpp"
 
 namespace zero3::comm {
 
@@ -107,8 +108,23 @@ bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_b
 template <typename Enqueue>
 std::shared_ptr<Work> CommunicatorBase::issue(CollectiveInfo info, Enqueue&& enqueue) {
   std::lock_guard lock(issue_mutex_);
+  flight::Recorder& recorder = flight::Recorder::instance();
+  if (!flight_registered_) {
+    flight_lane_ = recorder.register_lane(backend_name());
+    flight_registered_ = true;
+  }
   info.seq = last_seq_ + 1;
-  std::shared_ptr<Work> work = enqueue(info);
+  const bool per_rank = info.op == "all_gather" || info.op == "reduce_scatter";
+  const std::uint64_t bytes = info.count * size_of(info.dtype) * (per_rank ? static_cast<std::uint64_t>(size_) : 1);
+  // Recorded before the enqueue: the MPI thread may start the collective before enqueue() returns.
+  recorder.issued(flight_lane_, info, bytes, "");
+  std::shared_ptr<Work> work;
+  try {
+    work = enqueue(info);
+  } catch (...) {
+    recorder.completed(flight_lane_, info.seq, /*failed=*/true);
+    throw;
+  }
   last_seq_ = info.seq;  // only once enqueued: a failed enqueue must not desynchronize the ranks' numbers
   return work;
 }

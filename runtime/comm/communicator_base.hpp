@@ -59,6 +59,8 @@ class CommunicatorBase : public Communicator {
   Device& device() const { return device_; }
   // Highest sequence number handed out so far (0 before the first collective).
   std::uint64_t last_seq() const;
+  // This communicator's lane in the flight recorder: backends stamp started/completed on it.
+  std::uint32_t flight_lane() const { return flight_lane_; }
 
  private:
   void check_view(std::string_view op, std::string_view what, const void* data, std::size_t count,
@@ -72,6 +74,8 @@ class CommunicatorBase : public Communicator {
   Device& device_;
   mutable std::mutex issue_mutex_;
   std::uint64_t last_seq_ = 0;  // guarded by issue_mutex_
+  std::uint32_t flight_lane_ = 0;
+  bool flight_registered_ = false;  // guarded by issue_mutex_
 };
 
 }  // namespace zero3::comm

@@ -76,6 +76,10 @@ void parse_comm(ObjectReader& z, Context& cx) {
   ObjectReader r(*j, z.path_of("comm"), "zero3.comm", cx.sink);
   CommSettings& c = cx.config.zero3.comm;
   r.get_number("timeout_s", c.timeout_s, NumRange::above(0.0));
+  double first = 0.0;
+  if (r.get_number("first_step_timeout_s", first, NumRange::above(0.0)) == Got::value) c.first_step_timeout_s = first;
+  r.get_int("flight_records", c.flight_records, IntRange::at_least(16));
+  r.get_bool("desync_check", c.desync_check);
   std::string backend = "auto";
   r.get_choice("backend", backend, {"auto", "mpi", "nccl"});
   c.backend = backend == "mpi" ? CommBackend::mpi : backend == "nccl" ? CommBackend::nccl : CommBackend::automatic;

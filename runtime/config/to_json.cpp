@@ -278,7 +278,11 @@ Json zero3_json(const Zero3Settings& s) {
   j["data"] = {
       {"source", s.data.source}, {"markov_order", s.data.markov_order}, {"heldout_fraction", s.data.heldout_fraction}};
   if (s.run) j["run"] = {{"steps", s.run->steps}, {"log_interval", s.run->log_interval}};
-  j["comm"] = {{"timeout_s", s.comm.timeout_s}, {"backend", str(to_string(s.comm.backend))}};
+  j["comm"] = {{"timeout_s", s.comm.timeout_s},
+               {"first_step_timeout_s", s.comm.first_step_timeout()},
+               {"flight_records", s.comm.flight_records},
+               {"desync_check", s.comm.desync_check},
+               {"backend", str(to_string(s.comm.backend))}};
   j["alerts"] = {{"command", s.alerts.command}, {"level", s.alerts.errors_only ? "error" : "warning"}};
   j["nonfinite"] = {{"policy", str(to_string(s.nonfinite.policy))}, {"max_consecutive", s.nonfinite.max_consecutive}};
   const SpikeSettings& sp = s.spike;

@@ -89,8 +89,15 @@ std::shared_ptr<comm::Communicator> make_communicator(const config::Config& conf
         "zero3.comm.backend: \"nccl\" needs the CUDA device (zero3.device is the host); use \"mpi\" or "
         "\"auto\"");
   }
-  if (backend == CommBackend::nccl) return comm::make_nccl_communicator(bootstrap, device);
-  return comm::make_mpi_communicator(bootstrap, device);
+  if (backend == CommBackend::nccl) {
+    if (config.zero3.comm.desync_check) {
+      log::warn(
+          "zero3.comm.desync_check: the desync guard runs on the mpi backend only; the nccl communicator "
+          "runs without it");
+    }
+    return comm::make_nccl_communicator(bootstrap, device);
+  }
+  return comm::make_mpi_communicator(bootstrap, device, {.desync_check = config.zero3.comm.desync_check});
 }
 
 }  // namespace
@@ -123,6 +130,13 @@ Engine::Impl::Impl(const config::Config& cfg, const comm::World& w, EngineResour
     throw UsageError(fmt::format("EngineResources: the communicator is rank {} of {}, but the world is rank {} of {}",
                                  communicator->rank(), communicator->size(), world.rank, world.size));
   }
+  comm::set_flight_capacity(static_cast<std::size_t>(config.zero3.comm.flight_records));
+  comm::set_progress(0, 0);
+  watchdog = std::make_unique<comm::Watchdog>(
+      comm::WatchdogOptions{
+          .timeout = std::chrono::duration<double>(config.zero3.comm.timeout_s),
+          .first_step_timeout = std::chrono::duration<double>(config.zero3.comm.first_step_timeout())},
+      world.rank, world.size, comm::make_progress_channel(*bootstrap, world.local_size == world.size));
   events = std::make_unique<engine::EventPool>(*device);
   compute = device->create_stream("compute");
   comm_stream = device->create_stream("comm");
@@ -364,7 +378,9 @@ StepResult Engine::Impl::step() {
   } else {
     micro_steps = 0;
     step_boundary(r);
+    comm::mark_first_step_done();
   }
+  comm::set_progress(global_step, micro_steps);
   r.global_step = global_step;
   r.skipped_steps = skipped_steps;
   coordinator->reclaim();
@@ -425,6 +441,7 @@ void Engine::Impl::step_boundary(StepResult& r) {
 }
 
 std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind kind) {
+  const comm::ScopedOpAnnotation note("gather_tensor", name);
   check_call(fmt::format("gather_tensor('{}')", name), true);
   const auto pi = layout->find_param(name);
   if (!pi) throw UsageError(fmt::format("gather_tensor: no param named '{}'", name));

@@ -19,6 +19,7 @@
 #include "offload_optimizer.hpp"
 #include "optimizer_step.hpp"
 #include "wiring.hpp"
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/engine/engine.hpp"
 
 namespace zero3 {
@@ -77,6 +78,8 @@ struct Engine::Impl {
   std::shared_ptr<Device> device;
   std::shared_ptr<comm::Bootstrap> bootstrap;
   std::shared_ptr<comm::Communicator> communicator;
+  // Watches every collective of this process from here on (zero3.comm.timeout_s and friends).
+  std::unique_ptr<comm::Watchdog> watchdog;
   std::unique_ptr<engine::EventPool> events;
   std::unique_ptr<Stream> compute;
   // All collectives, the accumulation and the optimizer step: one in-order queue for everything that touches

@@ -6,6 +6,8 @@
 #include <limits>
 #include <unordered_map>
 
+#include "zero3/comm/fault.hpp"
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/core/log.hpp"
 
 namespace zero3::engine {
@@ -138,7 +140,12 @@ void GatherCoordinator::gather(std::size_t unit, bool prefetched) {
   s.buffer = device_.allocate(count, dtype_, MemoryKind::device, MemCategory::param_gathered);
   live_padded_ += count;
   if (!s.ready) s.ready = events_.acquire();
+  // Named at the issue site: a prefetch issued while unit k computes is unit k+1's gather.
+  const comm::ScopedOpAnnotation note("gather", ul.name);
+  const bool skip = comm::fault::fire(comm::fault::Kind::skip_gather, comm_.rank(), comm::progress_steps_done(),
+                                      static_cast<std::int64_t>(unit));
   for (const Group g : {Group::trainable, Group::frozen}) {
+    if (skip) break;  // a test's fault: this rank never issues the unit's gather
     const GroupLayout& gl = ul.group(g);
     if (gl.padded == 0) continue;
     const BufferView full = s.buffer.view().slice(ul.gathered_offset(g), gl.padded);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/kernels/kernels.hpp"
 
 namespace zero3::engine {
@@ -53,6 +54,7 @@ void GradReducer::reduce(std::size_t unit, Buffer grads) {
   // The reduction reads what the compute stream wrote: everything enqueued there so far.
   compute_.record(*compute_done_);
   comm_stream_.wait(*compute_done_);
+  const comm::ScopedOpAnnotation note("reduce", ul.name);
   if (ul.persistent) {
     reduce_persistent(g, grads.view());
     stats_.all_reduce_elems += g.numel;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/rng.hpp"
 #include "zero3/kernels/kernels.hpp"
@@ -195,6 +196,7 @@ std::string describe_split(const std::vector<std::byte>& all, std::size_t n, int
 void check_ranks_agree(const Layout& layout, const std::vector<std::uint64_t>& value_hashes,
                        const std::string& config_json, comm::Bootstrap& bootstrap) {
   const int size = bootstrap.size();
+  const comm::ScopedOpAnnotation note("init", "rank agreement");
   Fnv config_hash;
   config_hash.str(config_json);
   // Header first: with different unit or param counts the detailed vectors would not even line up.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/kernels/kernels.hpp"
 
 namespace zero3::engine {
@@ -170,7 +171,10 @@ StepOutcome OptimizerStep::run(const WindowMarks& marks) {
   // all-reduce gives bitwise equal results), so rank 0 alone adds them to count them once.
   optimizer_->grad_stats(stream_, scalars_.view().slice(0, 2), scaler_.checks_overflow(), comm_.rank() == 0);
   // One all-reduce for all four: the flags add up to the number of ranks that saw or marked something.
-  comm_.all_reduce(scalars_.view(), comm::ReduceOp::sum, stream_);
+  {
+    const comm::ScopedOpAnnotation note("step", "grad_stats");
+    comm_.all_reduce(scalars_.view(), comm::ReduceOp::sum, stream_);
+  }
   device_.copy_async(host_scalars_.view(), scalars_.cview(), stream_);
   stream_.record(*scalars_ready_);
   scalars_ready_->synchronize();

@@ -6,10 +6,13 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <utility>
 
 #include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/comm/fault.hpp"
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 #include "zero3/train/step_guard.hpp"
@@ -24,6 +27,7 @@ double seconds_since(Clock::time_point t) {
 }
 
 double sum_over_ranks(comm::Bootstrap& b, double v) {
+  const comm::ScopedOpAnnotation note("metrics");
   std::vector<std::byte> mine(sizeof v);
   std::memcpy(mine.data(), &v, sizeof v);
   const std::vector<std::byte> all = b.all_gather(mine);
@@ -93,16 +97,39 @@ std::int64_t Trainer::resume() {
   return loaded.step;
 }
 
+// The test-only faults of ZERO3_FAULT that live in the training loop (zero3/comm/fault.hpp): a rank that
+// stops, one that issues a collective the others do not, one that runs a micro-batch more.
+void Trainer::inject_faults(std::int64_t step, std::int64_t& micro_batches) {
+  using comm::fault::Kind;
+  const int rank = unit_trainer_.bootstrap()->rank();
+  if (comm::fault::fire(Kind::stall, rank, step)) ::raise(SIGSTOP);
+  if (comm::fault::fire(Kind::extra_collective, rank, step)) {
+    Engine& engine = unit_trainer_.engine();
+    const std::unique_ptr<Stream> stream = engine.device().create_stream("fault");
+    Buffer one = engine.device().allocate(static_cast<std::size_t>(engine.communicator().size()), DType::f32,
+                                          MemoryKind::device, MemCategory::workspace);
+    const comm::ScopedOpAnnotation note("fault", "extra_collective");
+    engine.communicator().all_gather(one.cview().slice(0, 1), one.view(), *stream)->wait();
+  }
+  if (comm::fault::fire(Kind::extra_micro_batch, rank, step)) ++micro_batches;
+}
+
 double Trainer::train_step(std::int64_t step) {
   const std::int64_t gas = unit_trainer_.engine().config().batch.gradient_accumulation_steps;
   double loss_sum = 0.0;
   StepResult r;
-  for (std::int64_t m = 0; m < gas; ++m) {
-    const TokenBatch b = data_.micro_batch(guard_->data_step(step), m);
+  std::int64_t micro_batches = gas;
+  inject_faults(step, micro_batches);
+  for (std::int64_t m = 0; m < micro_batches; ++m) {
+    // The loop's own position tags the collectives (the engine's would follow a rank that ran a micro-batch
+    // more, and hide it from the desync guard).
+    comm::set_progress(step, m);
+    // An injected extra micro-batch repeats the last one.
+    const TokenBatch b = data_.micro_batch(guard_->data_step(step), std::min(m, gas - 1));
     const double loss = unit_trainer_.micro_batch(b.tokens, b.targets, b.batch, b.len);
     loss_sum += loss;
     guard_->on_micro_loss(loss);
-    if (m + 1 == gas) guard_->before_boundary(step, loss_sum / static_cast<double>(gas), has_checkpoint_);
+    if (m + 1 == micro_batches) guard_->before_boundary(step, loss_sum / static_cast<double>(gas), has_checkpoint_);
     r = unit_trainer_.step();
   }
   guard_->after_boundary(r);
@@ -243,6 +270,11 @@ TrainSummary Trainer::run() {
           "above; zero3.nonfinite, gradient_clipping, a lower lr)",
           options_.steps, summary_.heldout_loss));
     }
+  } catch (const std::exception& e) {
+    const std::exception_ptr error = std::current_exception();
+    notify([&](TrainObserver& o) { o.on_error(error); });
+    comm::handle_fatal_error(e.what());  // armed by the program: reports and brings the whole job down
+    throw;
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
     notify([&](TrainObserver& o) { o.on_error(error); });

@@ -13,6 +13,7 @@ void add_info_command(CLI::App& app);    // zero3 info: build, backends, devices
 void add_bench_command(CLI::App& app);   // zero3 bench engine: zero3 vs plain buffers, side by side
 void add_train_command(CLI::App& app);   // zero3 train: the GPT of a config through the engine
 void add_ckpt_command(CLI::App& app);    // zero3 ckpt info, export: inspect, verify, export checkpoints
+void add_debug_command(CLI::App& app);   // zero3 debug flight: the first divergence in the ranks' flight records
 // zero3 bench cpu-optimizer (registered by add_bench_command on its `bench` subcommand)
 void add_bench_cpu_optimizer_command(CLI::App& group);
 // zero3 bench offload: step time with and without CPU offload, and the copies hidden behind other work
@@ -25,5 +26,7 @@ void add_bench_checkpoint_command(CLI::App& group);
 void add_bench_stop_command(CLI::App& group);
 // zero3 bench grad-check: the non-finite check vs the norm (registered by add_bench_command)
 void add_bench_grad_check_command(CLI::App& group);
+// zero3 bench desync-guard: step time with and without zero3.comm.desync_check
+void add_bench_desync_command(CLI::App& group);
 
 }  // namespace zero3::tools

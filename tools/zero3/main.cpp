@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "commands.hpp"
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 
@@ -18,6 +19,10 @@ int main(int argc, char** argv) {
   zero3::tools::add_bench_command(app);
   zero3::tools::add_train_command(app);
   zero3::tools::add_ckpt_command(app);
+  zero3::tools::add_debug_command(app);
+  // A rank of a multi-rank job that fails alone brings the job down (report, flight record, abort)
+  // instead of leaving the other ranks hanging in their next collective.
+  zero3::comm::arm_fatal_error_handler(true);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Error& e) {

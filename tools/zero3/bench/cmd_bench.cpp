@@ -264,6 +264,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_checkpoint_command(*group);
   add_bench_stop_command(*group);
   add_bench_grad_check_command(*group);
+  add_bench_desync_command(*group);
 }
 
 }  // namespace zero3::tools

@@ -105,6 +105,10 @@ struct MpiCommunicatorOptions {
   // MPI_THREAD_MULTIPLE; then blocking collectives of different communicators are serialized, so every
   // rank must issue them in the same order across communicators.
   bool shared_mpi_thread = false;
+  // The desync guard (zero3.comm.desync_check): before each collective the ranks compare its
+  // fingerprint (op, dtype, count, seq; unit, step and micro-batch) with one 16-byte all-reduce; ranks that
+  // issued different collectives fail with a CommError naming what each one issued.
+  bool desync_check = false;
 };
 
 // Host buffers (any host-accessible memory). Requires the MPI bootstrap. Collective over all ranks.

@@ -257,8 +257,15 @@ struct RunSettings {
 };
 
 struct CommSettings {
-  double timeout_s = 300.0;
+  double timeout_s = 300.0;  // the collective watchdog's deadline once a rank has entered a collective
+  // The deadline before the first optimizer step has completed and in checkpoint phases; nullopt: 4 x
+  // timeout_s (first_step_timeout() resolves it).
+  std::optional<double> first_step_timeout_s;
+  std::int64_t flight_records = 4096;  // collectives kept per rank by the flight recorder
+  bool desync_check = false;           // compare every collective's fingerprint across ranks first
   CommBackend backend = CommBackend::automatic;
+
+  double first_step_timeout() const { return first_step_timeout_s.value_or(4.0 * timeout_s); }
 };
 
 // zero3.alerts: a command run with each event's JSON line on stdin (zero3/core/events.hpp).

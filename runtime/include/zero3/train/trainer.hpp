@@ -81,6 +81,7 @@ class Trainer {
   struct Window;
   std::int64_t resume();
   double train_step(std::int64_t step);
+  void inject_faults(std::int64_t step, std::int64_t& micro_batches);
   void maybe_save(std::int64_t done, bool force);
   bool stop_agreed(std::int64_t done);
   void finish_preemption(const std::vector<ckpt::SaveReport>& saves, double save_s);
