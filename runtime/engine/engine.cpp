@@ -427,6 +427,7 @@ void Engine::Impl::step_boundary(StepResult& r) {
   r.applied = out.applied;
   r.nonfinite = out.nonfinite;
   r.discarded = out.discarded;
+  r.stop_requests = out.stop_requests;
   r.grad_norm = out.grad_norm;
   r.lr = out.lr;
   r.loss_scale = out.loss_scale;
@@ -563,6 +564,12 @@ void Engine::discard_window(DiscardReason reason) {
   Impl& impl = *impl_;
   impl.check_call("discard_window", true);
   (reason == DiscardReason::nonfinite_loss ? impl.marks.nonfinite_loss : impl.marks.discard) = true;
+}
+
+void Engine::mark_stop_request() {
+  Impl& impl = *impl_;
+  impl.check_call("mark_stop_request", true);
+  impl.marks.stop = true;
 }
 
 void Engine::reset_moments() {

@@ -87,6 +87,7 @@ std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerCon
 struct WindowMarks {
   bool nonfinite_loss = false;
   bool discard = false;
+  bool stop = false;      // this rank asks every rank to stop after this boundary (Engine::mark_stop_request)
   std::int64_t step = 0;  // the global step number this boundary is (1-based), for reports
 };
 
@@ -98,6 +99,7 @@ struct StepOutcome {
   double lr = 0.0;
   double loss_scale = 1.0;  // the scale this step's gradients carried
   double next_loss_scale = 1.0;
+  int stop_requests = 0;  // ranks whose window carried a stop mark (equal on every rank)
 };
 
 class OptimizerStep {
@@ -108,7 +110,7 @@ class OptimizerStep {
                 comm::Bootstrap& bootstrap);
 
   // Collective. Blocks once, to read the overflow flag, the squared norm and the window marks (one
-  // all-reduce of 4 floats). Zeroes the accumulators (after use) in every case. Throws Error when an
+  // all-reduce of 5 floats). Zeroes the accumulators (after use) in every case. Throws Error when an
   // overflow happens at the minimum loss scale, NonFiniteError when zero3.nonfinite ends the run.
   StepOutcome run(const WindowMarks& marks);
 
@@ -140,7 +142,8 @@ class OptimizerStep {
   NonfiniteGuard nonfinite_;
   std::int64_t applied_steps_ = 0;
   double lr_factor_ = 1.0;
-  // device: [overflow flag, sum of squares, ranks with a non-finite loss, ranks that discarded the window]
+  // device: [overflow flag, sum of squares, ranks with a non-finite loss, ranks that discarded the window,
+  // ranks that asked to stop]
   Buffer scalars_;
   Buffer host_scalars_;  // host copy of scalars_
   Buffer host_marks_;    // this rank's marks, copied into scalars_ before the statistics are added

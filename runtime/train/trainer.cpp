@@ -129,7 +129,11 @@ double Trainer::train_step(std::int64_t step) {
     const double loss = unit_trainer_.micro_batch(b.tokens, b.targets, b.batch, b.len);
     loss_sum += loss;
     guard_->on_micro_loss(loss);
-    if (m + 1 == micro_batches) guard_->before_boundary(step, loss_sum / static_cast<double>(gas), has_checkpoint_);
+    if (m + 1 == micro_batches) {
+      guard_->before_boundary(step, loss_sum / static_cast<double>(gas), has_checkpoint_);
+      // A stop request rides on the boundary's all-reduce: no collective of its own in the common case.
+      if (options_.stop_on_request && stop_requested() != 0) unit_trainer_.engine().mark_stop_request();
+    }
     r = unit_trainer_.step();
   }
   guard_->after_boundary(r);
@@ -171,6 +175,9 @@ void Trainer::finish_preemption(const std::vector<ckpt::SaveReport>& saves, doub
 
 bool Trainer::stop_agreed(std::int64_t done) {
   if (!options_.stop_on_request || done >= options_.steps) return false;  // the last step ends the run anyway
+  // Every rank read the same count from the step's all-reduce, so every rank (or none) makes the
+  // exchange below, which names the ranks and their reasons.
+  if (last_result_.stop_requests == 0) return false;
   const StopAgreement a = agree_on_stop(*unit_trainer_.bootstrap());
   if (!a.stop) return false;
   emit_stop_agreed(a, done, unit_trainer_.bootstrap()->rank());

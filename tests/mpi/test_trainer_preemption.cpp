@@ -103,27 +103,30 @@ std::filesystem::path shared_dir(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("a stop asked on one rank stops every rank after that step, with a checkpoint", "[train][preemption]") {
+// The request is made after step 3 (an observer's on_step), so it marks the window of step 4: every rank
+// stops after step 4, the step in progress when the request came.
+TEST_CASE("a stop asked on one rank stops every rank after the step in progress, with a checkpoint",
+          "[train][preemption]") {
   const std::filesystem::path dir = shared_dir("stop");
   const Run straight = train_run(9, {}, false, -1);
   const Run stopped = train_run(9, dir, false, 3);
   REQUIRE(stopped.summary.preempted.has_value());
   const train::Preemption& p = *stopped.summary.preempted;
-  CHECK(p.step == 3);
+  CHECK(p.step == 4);
   CHECK(p.reason == train::kStopRequestedByCall);
   CHECK(p.ranks_asked == std::vector<int>{env().world.size - 1});
   REQUIRE(p.checkpoint.has_value());
-  CHECK(*p.checkpoint == dir / "global_step3");
-  CHECK(stopped.steps.size() == 3);
-  CHECK(ckpt::read_latest(dir) == std::optional<std::string>("global_step3"));
+  CHECK(*p.checkpoint == dir / "global_step4");
+  CHECK(stopped.steps.size() == 4);
+  CHECK(ckpt::read_latest(dir) == std::optional<std::string>("global_step4"));
 
   const Run resumed = train_run(9, dir, true, -1);
   CHECK_FALSE(resumed.summary.preempted.has_value());
-  CHECK(resumed.summary.start_step == 3);
+  CHECK(resumed.summary.start_step == 4);
   REQUIRE(straight.steps.size() == 9);
-  REQUIRE(resumed.steps.size() == 6);
-  for (std::size_t i = 0; i < 6; ++i) {
-    const train::StepEvent& a = straight.steps[i + 3];
+  REQUIRE(resumed.steps.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    const train::StepEvent& a = straight.steps[i + 4];
     const train::StepEvent& b = resumed.steps[i];
     CHECK(a.step == b.step);
     CHECK(a.loss == b.loss);
@@ -138,9 +141,9 @@ TEST_CASE("a stop asked on one rank stops every rank after that step, with a che
 TEST_CASE("a stop without save_dir saves nothing and says so", "[train][preemption]") {
   const Run r = train_run(6, {}, false, 2);
   REQUIRE(r.summary.preempted.has_value());
-  CHECK(r.summary.preempted->step == 2);
+  CHECK(r.summary.preempted->step == 3);  // asked after step 2
   CHECK_FALSE(r.summary.preempted->checkpoint.has_value());
-  CHECK(r.steps.size() == 2);
+  CHECK(r.steps.size() == 3);
 }
 
 TEST_CASE("a stop at the last step, or with stop_on_request off, changes nothing", "[train][preemption]") {

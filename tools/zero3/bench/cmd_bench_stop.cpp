@@ -1,7 +1,8 @@
-// `zero3 bench stop-agreement [--steps N] [--repeats R] [--json]`: what the training loop's per-step stop
-// agreement (train::agree_on_stop: a 4-byte all-gather through the bootstrap, train/preemption.hpp) costs,
-// next to a bootstrap barrier, in microseconds per call. Meant for `mpirun -np N`; rank 0 reports the median
-// over the timed blocks and the range. The loop pays it once per optimizer step.
+// `zero3 bench stop-agreement [--steps N] [--repeats R] [--json]`: what a per-step stop agreement through the
+// bootstrap (train::agree_on_stop: a 4-byte all-gather, train/preemption.hpp) would cost, next to a bootstrap
+// barrier, in microseconds per call. Meant for `mpirun -np N`; rank 0 reports the median over the timed
+// blocks and the range. The loop pays it only after a stop request (the request itself rides on the step's
+// all-reduce, Engine::mark_stop_request).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>

@@ -127,6 +127,10 @@ class Engine {
   // ::discarded), and clears the window's gradients. Rank-local and cheap: the marks travel in the step's
   // all-reduce, so one rank's mark holds on every rank.
   void discard_window(DiscardReason reason);
+  // Marks the window in progress (before its boundary step()): this rank asks every rank to stop after
+  // that boundary (a preemption). Free: the mark travels in the step's all-reduce, so every rank reads the
+  // same StepResult::stop_requests, and no collective of its own can fall out of step with the others.
+  void mark_stop_request();
   // At an accumulation boundary with no scope open (UsageError otherwise): zeroes the optimizer's moments
   // (exp_avg and exp_avg_sq, on the device and in offloaded host memory) and restarts Adam's bias
   // correction, as a freshly made optimizer would have them. Master weights, params and the lr schedule

@@ -17,6 +17,7 @@ struct StepResult {
   double next_loss_scale = 1.0;
   std::int64_t global_step = 0;    // optimizer steps so far, skipped ones included
   std::int64_t skipped_steps = 0;  // of those, not applied (any reason above)
+  int stop_requests = 0;           // ranks that marked this window with Engine::mark_stop_request()
 };
 
 // Host<->device traffic of CPU offload in one accumulation window. Bytes are always counted; times are

@@ -1,8 +1,9 @@
 // Stopping a run cleanly on request: a scheduler's SIGTERM, SLURM's --signal USR1 (which mpirun forwards),
 // or a call from the embedding program. The request is one process-wide flag; StopSignals installs the
 // handlers (they only store into atomics, or _exit on a repeated signal) and restores the previous ones
-// when it goes away. The Trainer reads the flag once per optimizer step and agrees on it with every rank
-// (agree_on_stop), so all ranks stop after the same step, save, and report TrainSummary::preempted.
+// when it goes away. The Trainer marks each accumulation window with the flag (Engine::mark_stop_request,
+// carried by the step's all-reduce), so all ranks stop after the same step, learn who asked
+// (agree_on_stop), save, and report TrainSummary::preempted.
 #pragma once
 
 #include <chrono>
@@ -68,7 +69,7 @@ struct StopAgreement {
 };
 
 // Collective over `bootstrap` (one all-gather of 4 bytes per rank): every rank returns the same answer,
-// stop when any rank's flag is set.
+// stop when any rank's flag is set, with the ranks that asked and the first one's reason.
 StopAgreement agree_on_stop(comm::Bootstrap& bootstrap);
 
 // How a run stopped on request ended (TrainSummary::preempted).

@@ -37,8 +37,8 @@ struct TrainerOptions {
   // A checkpoint directory, a root (its latest), or "latest" (of save_dir); empty: start fresh.
   std::filesystem::path resume;
   ckpt::CheckpointerOptions checkpoint;
-  // After every optimizer step the ranks agree on the stop request (preemption.hpp: one 4-byte
-  // all-gather through the bootstrap); when any rank has one, all stop after that step and save.
+  // A rank's stop request (preemption.hpp) marks its next accumulation window (Engine::mark_stop_request,
+  // carried by the step's all-reduce); when any rank marked it, all stop after that step and save.
   bool stop_on_request = true;
 };
 
