@@ -89,7 +89,9 @@ void GatherCoordinator::acquire(std::size_t unit) {
       gather(unit, /*prefetched=*/false);
       [[fallthrough]];
     case State::in_flight: {
-      const std::uint64_t stall = timeline_.begin(compute_, Timeline::Lane::gather_wait);
+      // An untraced pass (held-out evaluation) is no part of a training step: its stalls would otherwise
+      // land in the next step's split.
+      const std::uint64_t stall = traced_ ? timeline_.begin(compute_, Timeline::Lane::gather_wait) : 0;
       compute_.wait(*s.ready);
       timeline_.end(compute_, stall);
       if (s.prefetched) prefetch_inflight_ -= layout_.units[unit].numel;
