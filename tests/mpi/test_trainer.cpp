@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "mpi_test_env.hpp"
+#include "trainer_test_config.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/models/model_factory.hpp"
@@ -31,18 +32,7 @@ test::MpiTestEnv& env() {
 }
 
 config::Config mlp_config(std::int64_t steps) {
-  const std::string text = fmt::format(
-      R"({{"train_batch_size": 48, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
-          "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
-          "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0}},
-          "zero3": {{"seed": 5, "device": "host",
-                    "model": {{"type": "mlp", "layers": 2, "hidden_size": 32, "vocab_size": 16, "seq_len": 2}},
-                    "data": {{"source": "synthetic:markov", "markov_order": 2}}, "run": {{"steps": {}}}}}}})",
-      steps);
-  config::ParseOptions o;
-  o.world_size = env().world.size;
-  o.world_size_source = "test";
-  return config::load_config_text_or_throw(text, o);
+  return test::mlp_job_config({.steps = steps}, env().world.size);
 }
 
 // Records every event it is told of.
