@@ -19,6 +19,9 @@ struct ParseOptions {
   std::string world_size_source;       // shown in messages: "--world-size", "OMPI_COMM_WORLD_SIZE", ...; "" = default
   std::string source_name;             // names the input in whole-document errors; parse_config_file sets the path
   bool allow_not_implemented = false;  // load_config_or_throw only: accept configs that are valid but not runnable
+  // Lint mode (`zero3 config check --strict`, "zero3": {"strict": true}): every warning about something
+  // DeepSpeed would ignore or its hjson loader relaxes becomes an error, and the syntax must be plain JSON.
+  bool strict = false;
 };
 
 // One finding. `path` is a dotted JSON path ("optimizer.params.betas[1]"), or the input's name for problems
