@@ -18,8 +18,7 @@ namespace zero3::config {
 
 namespace {
 
-void parse_document(const detail::Json& root, const ParseOptions& options, ParseResult& result) {
-  detail::Sink sink(result);
+void parse_document(const detail::Json& root, const ParseOptions& options, detail::Sink& sink, ParseResult& result) {
   Config config;
   detail::Context cx{sink, options, config};
   detail::ObjectReader top(root, "", "", sink);
@@ -34,6 +33,11 @@ void parse_document(const detail::Json& root, const ParseOptions& options, Parse
   detail::parse_misc_blocks(top, cx);
   detail::parse_other_ds_blocks(top, cx);
   top.finish();
+  if (options.strict) {
+    sink.make_lint_errors("--strict");
+  } else if (config.zero3.strict) {
+    sink.make_lint_errors("zero3.strict");
+  }
   if (result.errors.empty()) result.config = std::move(config);
 }
 
@@ -43,8 +47,9 @@ ParseResult parse_config_text(std::string_view json_text, const ParseOptions& op
   ParseResult result;
   const std::string name = options.source_name.empty() ? std::string("<config>") : options.source_name;
   try {
+    detail::Sink sink(result);
     detail::Json root;
-    if (detail::read_json_document(json_text, name, root, result.errors)) parse_document(root, options, result);
+    if (detail::read_json_document(json_text, name, root, result.errors)) parse_document(root, options, sink, result);
   } catch (const std::exception& e) {
     result.config.reset();
     result.errors.push_back(

@@ -144,6 +144,7 @@ void parse_zero3_block(ObjectReader& top, Context& cx) {
   ObjectReader r(*j, "zero3", "zero3", cx.sink);
   Zero3Settings& s = cx.config.zero3;
   r.get_int("seed", s.seed, IntRange::at_least(0));
+  r.get_bool("strict", s.strict);
   if (const Json* b = r.raw("pinned_memory_budget_gb")) {
     if (b->is_string() && b->get_ref<const std::string&>() == "auto") {
       s.pinned_memory_budget_gb.reset();

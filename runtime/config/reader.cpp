@@ -113,6 +113,24 @@ const Json& empty_object() {
   return kEmpty;
 }
 
+void Sink::make_lint_errors(std::string_view why) {
+  if (lint_.empty()) return;
+  std::vector<Diagnostic> kept;
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < result_.warnings.size(); ++i) {
+    Diagnostic& w = result_.warnings[i];
+    if (next < lint_.size() && lint_[next] == i) {
+      ++next;
+      result_.errors.push_back({std::move(w.path), fmt::format("{} [an error under {}]", w.message, why)});
+    } else {
+      kept.push_back(std::move(w));
+    }
+  }
+  result_.warnings = std::move(kept);
+  lint_.clear();
+  result_.config.reset();
+}
+
 ObjectReader::ObjectReader(const Json& object, std::string path, std::string_view block, Sink& sink)
     : object_(object), path_(std::move(path)), block_(block), sink_(sink) {
   ZERO3_CHECK(object_.is_object(), "ObjectReader needs a JSON object");
@@ -344,10 +362,36 @@ void ObjectReader::skip_known() {
   }
 }
 
+std::string ObjectReader::unknown_key_message(const std::string& key) const {
+  const auto keys = known_keys();
+  // Did you mean: the closest key of this block, if close enough to be a plausible typo.
+  std::string_view best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const auto& k : keys) {
+    if (k.block != block_) continue;
+    const std::size_t d = edit_distance(key, k.key);
+    if (d < best_d) {
+      best_d = d;
+      best = k.key;
+    }
+  }
+  if (!best.empty() && best_d <= std::max<std::size_t>(2, key.size() / 3)) {
+    return fmt::format("unknown key (did you mean '{}'?)", best);
+  }
+  // Maybe a real key written in the wrong block.
+  std::string where;
+  for (const auto& k : keys) {
+    if (k.block != block_ && k.key == key)
+      where += fmt::format("{}'{}'", where.empty() ? "" : ", ", block_label(k.block));
+  }
+  if (!where.empty()) return fmt::format("unknown key here (it is a key of {})", where);
+  return fmt::format("unknown key (not a key of {})", block_label(block_));
+}
+
 void ObjectReader::finish() {
   if (finished_) return;
   finished_ = true;
-  const auto keys = known_keys();
+  const BlockRule* rule = find_block_rule(block_);
   for (const auto& item : object_.items()) {
     const std::string& key = item.key();
     if (consumed_.count(key) != 0) continue;
@@ -355,33 +399,27 @@ void ObjectReader::finish() {
       sink_.error(path_of(key), "internal error: zero3's parser does not read this known key (please report)");
       continue;
     }
-    // Did you mean: the closest key of this block, if close enough to be a plausible typo.
-    std::string_view best;
-    std::size_t best_d = std::numeric_limits<std::size_t>::max();
-    for (const auto& k : keys) {
-      if (k.block != block_) continue;
-      const std::size_t d = edit_distance(key, k.key);
-      if (d < best_d) {
-        best_d = d;
-        best = k.key;
-      }
-    }
-    const std::size_t limit = std::max<std::size_t>(2, key.size() / 3);
-    if (!best.empty() && best_d <= limit) {
-      sink_.error(path_of(key), fmt::format("unknown key (did you mean '{}'?)", best));
-      continue;
-    }
-    // Maybe a real key written in the wrong block.
-    std::vector<std::string> elsewhere;
-    for (const auto& k : keys) {
-      if (k.block != block_ && k.key == key) elsewhere.push_back(block_label(k.block));
-    }
-    if (!elsewhere.empty()) {
-      std::string where;
-      for (const auto& e : elsewhere) where += fmt::format("{}'{}'", where.empty() ? "" : ", ", e);
-      sink_.error(path_of(key), fmt::format("unknown key here (it is a key of {})", where));
-    } else {
-      sink_.error(path_of(key), fmt::format("unknown key (not a key of {})", block_label(block_)));
+    const std::string message = unknown_key_message(key);
+    const Validation v = rule != nullptr ? rule->validation : Validation::zero3_own;
+    // The class or function name alone ("DeepSpeedZeroConfig"), without the file it lives in.
+    const std::string_view reader = rule != nullptr ? rule->reader.substr(0, rule->reader.find(" (")) : "";
+    switch (v) {
+      case Validation::plain_dict:
+        sink_.lint(path_of(key), fmt::format("{}; ignored, as DeepSpeed ignores unknown keys {}", message,
+                                             block_.empty() ? std::string("at the top level")
+                                                            : fmt::format("in '{}'", block_label(block_))));
+        break;
+      case Validation::strict_model:
+        sink_.error(path_of(key),
+                    fmt::format("{}; DeepSpeed rejects it too ({}: extra inputs are not permitted)", message, reader));
+        break;
+      case Validation::keyword_args:
+        sink_.error(path_of(key), fmt::format("{}; DeepSpeed rejects it too (an unexpected keyword argument of {})",
+                                              message, reader));
+        break;
+      case Validation::zero3_own:
+        sink_.error(path_of(key), message);
+        break;
     }
   }
 }

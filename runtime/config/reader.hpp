@@ -1,6 +1,7 @@
 // The typed view of one JSON object used by every block parser: getters that check type, range and "auto"
-// and report problems by JSON path, plus the end-of-block check that turns every key the schema does not
-// know into an error with a did-you-mean. One Sink collects all diagnostics of a parse. Internal.
+// and report problems by JSON path, plus the end-of-block check that reports every key the schema does not
+// know, with a did-you-mean, as DeepSpeed's validation of that block would treat it.
+// One Sink collects all diagnostics of a parse. Internal.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "json_reader.hpp"
 #include "zero3/config/parse.hpp"
@@ -24,6 +26,14 @@ class Sink {
   void warning(std::string path, std::string message) {
     result_.warnings.push_back({std::move(path), std::move(message)});
   }
+  // Something DeepSpeed silently ignores or relaxes (an unknown key of a plain-dict block, hjson syntax, a
+  // value its pydantic model converts): a warning, turned into an error by make_lint_errors.
+  void lint(std::string path, std::string message) {
+    lint_.push_back(result_.warnings.size());
+    warning(std::move(path), std::move(message));
+  }
+  // Strict mode: moves every lint warning into the errors, naming `why` (the switch that asked for it).
+  void make_lint_errors(std::string_view why);
   void not_implemented(std::string path, std::string message) {
     result_.not_implemented.push_back({std::move(path), std::move(message)});
   }
@@ -34,6 +44,7 @@ class Sink {
 
  private:
   ParseResult& result_;
+  std::vector<std::size_t> lint_;  // indices into result_.warnings
 };
 
 // How a getter found its key.
@@ -125,12 +136,15 @@ class ObjectReader {
   void error(std::string_view key, std::string message) { sink_.error(path_of(key), std::move(message)); }
   void warning(std::string_view key, std::string message) { sink_.warning(path_of(key), std::move(message)); }
 
-  // Reports every key the schema does not know for this block, with a did-you-mean. Every known key must
-  // have been read (a parser bug otherwise, reported as an internal error).
+  // Reports every key the schema does not know for this block, with a did-you-mean: an error where DeepSpeed
+  // rejects unknown keys (strict models, keyword arguments, the zero3 block), a lint warning where it ignores
+  // them (plain dicts, the top level). Every known key must have been read (else an internal error).
   void finish();
 
  private:
   const KeySpec& spec(std::string_view key) const;
+  // "unknown key (did you mean 'x'?)", "unknown key here (it is a key of 'b')" or "unknown key (not a key of b)".
+  std::string unknown_key_message(const std::string& key) const;
   // Common prologue of the getters: marks the key read; nullptr with `got` = absent when missing (or null and
   // null_is_absent), nullptr with `got` = automatic for the string "auto" unless auto_is_value.
   const Json* lookup(std::string_view key, Got& got, bool null_is_absent = false, bool auto_is_value = false);

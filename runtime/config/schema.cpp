@@ -517,6 +517,8 @@ constexpr KeySpec kKeys[] = {
 
     // ---- zero3's own block
     {"zero3", "seed", "int >= 0", "42", S::implemented, A::rejected, "seeds model init and synthetic data"},
+    {"zero3", "strict", "bool", "false", S::implemented, A::rejected,
+     "true: keys DeepSpeed ignores and hjson syntax are errors (as --strict)"},
     {"zero3", "pinned_memory_budget_gb", "number > 0 or \"auto\"", "\"auto\"", S::implemented, A::rejected,
      "GiB of pinned host memory per rank, checked before allocation; auto: half of MemAvailable shared by the "
      "node's ranks, capped by the memlock limit where pinning uses mlock"},

@@ -264,6 +264,7 @@ Json monitor_json(const MonitorConfig& m) {
 Json zero3_json(const Zero3Settings& s) {
   Json j = Json::object();
   j["seed"] = s.seed;
+  j["strict"] = s.strict;
   j["pinned_memory_budget_gb"] = s.pinned_memory_budget_gb ? Json(*s.pinned_memory_budget_gb) : str("auto");
   if (s.model) {
     Json m = Json::object();

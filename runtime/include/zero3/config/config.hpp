@@ -296,6 +296,7 @@ struct SpikeSettings {
 
 struct Zero3Settings {
   std::int64_t seed = 42;
+  bool strict = false;  // lint mode for the config itself: what DeepSpeed would ignore or relax is an error
   std::optional<double> pinned_memory_budget_gb;  // nullopt: "auto", decided at startup from host memory
   std::optional<ModelSettings> model;
   DataSettings data;

@@ -36,6 +36,28 @@ struct KeySpec {
   std::string_view note;  // what zero3 does with it; aliases and replacements are named here
 };
 
+// How DeepSpeed's loader validates a block: what an unknown key and a wrong-typed value give there. zero3
+// follows it: an unknown key is an error where DeepSpeed rejects it, and a warning (an error in strict mode)
+// where DeepSpeed ignores it.
+enum class Validation : std::uint8_t {
+  strict_model,  // a pydantic model with extra="forbid": unknown keys rejected, values converted or rejected
+  plain_dict,    // read key by key from a dict: unknown keys ignored, values handed on unchecked
+  keyword_args,  // handed to a constructor as keyword arguments: an unknown key is a TypeError
+  zero3_own,     // zero3's "zero3" block: strict, DeepSpeed never reads it
+};
+
+struct BlockRule {
+  std::string_view block;   // as in KeySpec::block
+  Validation validation;
+  std::string_view reader;  // DeepSpeed's class or function that reads it, and its file
+  std::string_view since;   // the DeepSpeed release since which this rule holds
+};
+
+std::span<const BlockRule> block_rules();
+// The rule of a schema block (a nested zero3 block is zero3_own); nullptr for a block the table lacks.
+const BlockRule* find_block_rule(std::string_view block);
+std::string_view to_string(Validation v);
+
 std::span<const KeySpec> known_keys();
 const KeySpec* find_key(std::string_view block, std::string_view key);
 std::string_view to_string(Support s);
