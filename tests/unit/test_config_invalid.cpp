@@ -157,9 +157,13 @@ const Case kCases[] = {
     {"no batch size", R"({"gradient_accumulation_steps": 4})", "train_batch_size", "neither"},
     {"micro batch inferred as zero", R"({"train_batch_size": 1})", "train_micro_batch_size_per_gpu",
      "inferred as 1 // 2 = 0", 2},
-    {"misspelt top-level key", R"({"train_batch_sizes": 8})", "train_batch_sizes", "did you mean 'train_batch_size'?"},
-    {"top-level key in the wrong block", R"({"train_batch_size": 8, "offload_optimizer": {"device": "cpu"}})",
+    {"misspelt top-level key, strict", R"({"train_batch_size": 8, "train_batch_sizes": 8, "zero3": {"strict": true}})",
+     "train_batch_sizes", "did you mean 'train_batch_size'?"},
+    {"top-level key in the wrong block, strict",
+     R"({"train_batch_size": 8, "offload_optimizer": {"device": "cpu"}, "zero3": {"strict": true}})",
      "offload_optimizer", "it is a key of 'zero_optimization'"},
+    {"misspelt zero_optimization key", R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_bucket_sz": 5}})",
+     "zero_optimization.reduce_bucket_sz", "DeepSpeedZeroConfig: extra inputs are not permitted"},
     {"negative clipping", R"({"train_batch_size": 8, "gradient_clipping": -1.0})", "gradient_clipping", "must be >= 0"},
     {"steps_per_print zero", R"({"train_batch_size": 8, "steps_per_print": 0})", "steps_per_print", "must be > 0"},
     {"communication dtype fp8", R"({"train_batch_size": 8, "communication_data_type": "fp8"})",
@@ -183,8 +187,8 @@ const Case kCases[] = {
      "csv_monitor.path", "unknown key"},
     {"comet key misspelt", R"({"train_batch_size": 8, "comet": {"enabled": false, "api": "k"}})", "comet.api",
      "unknown key"},
-    {"activation checkpointing doc spelling",
-     R"({"train_batch_size": 8, "activation_checkpointing": {"partitioned_activations": true}})",
+    {"activation checkpointing doc spelling, strict",
+     R"({"train_batch_size": 8, "activation_checkpointing": {"partitioned_activations": true}, "zero3": {"strict": true}})",
      "activation_checkpointing.partitioned_activations", "did you mean 'partition_activations'?"},
     {"flops profile_step zero", R"({"train_batch_size": 8, "flops_profiler": {"profile_step": 0}})",
      "flops_profiler.profile_step", "must be > 0"},
@@ -255,6 +259,36 @@ TEST_CASE("invalid configs are rejected with the JSON path of the mistake", "[co
     CHECK_FALSE(r.config.has_value());
     CHECK(has(r.errors, c.path, c.text));
   }
+}
+
+TEST_CASE("keys DeepSpeed ignores are warnings, and errors in strict mode", "[config][invalid][lint]") {
+  // DeepSpeed ignores unknown top-level keys and unknown keys of the blocks it reads as plain dicts.
+  const std::string json =
+      R"({"train_batch_size": 8, "_comment": "x", "train_batch_sizes": 8, "zero_optimization": {"stage": 3},
+          "activation_checkpointing": {"partition_activations": false, "contigous_memory_optimization": false},
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})";
+  const ParseResult lenient = parse(json);
+  INFO(dump(lenient));
+  REQUIRE(lenient.ok());
+  CHECK(lenient.errors.empty());
+  CHECK(has(lenient.warnings, "_comment", "ignored, as DeepSpeed ignores unknown keys at the top level"));
+  CHECK(has(lenient.warnings, "train_batch_sizes", "did you mean 'train_batch_size'?"));
+  CHECK(has(lenient.warnings, "activation_checkpointing.contigous_memory_optimization",
+            "did you mean 'contiguous_memory_optimization'?"));
+
+  ParseOptions strict;
+  strict.world_size = 1;
+  strict.strict = true;
+  const ParseResult linted = parse_config_text(json, strict);
+  INFO(dump(linted));
+  CHECK_FALSE(linted.ok());
+  CHECK_FALSE(linted.config.has_value());
+  CHECK(has(linted.errors, "_comment", "[an error under --strict]"));
+  CHECK(has(linted.errors, "train_batch_sizes", "did you mean"));
+  CHECK(has(linted.errors, "activation_checkpointing.contigous_memory_optimization", "did you mean"));
+  CHECK_FALSE(has(linted.warnings, "_comment"));
+  // Only the lint findings move; the rest of the report is unchanged.
+  CHECK(linted.errors.size() == lenient.warnings.size() - linted.warnings.size());
 }
 
 TEST_CASE("all errors of a config are reported in one pass", "[config][invalid]") {
