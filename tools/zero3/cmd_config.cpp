@@ -1,6 +1,6 @@
-// `zero3 config check FILE [--world-size N] [--quiet]`: validates a DeepSpeed JSON config the way zero3 will
+// `zero3 config check FILE [--world-size N] [--quiet] [--strict]`: validates a DeepSpeed JSON config the way zero3 will
 // run it. Exit 0: valid and runnable (the resolved config goes to stdout); 1: valid but asks for features
-// zero3 does not implement (still printed); 2: invalid (error lines on stderr, nothing on stdout).
+// zero3 does not implement (still printed); 2: invalid (error lines on stderr, nothing on stdout). --strict lints.
 // `zero3 config keys [--block B] [--markdown]`: the table of every key zero3 knows.
 // `zero3 config lr-schedule FILE --steps N [--json] [--world-size N]`: the lr each optimizer step 1..N applies
 // with no skipped step, as DeepSpeed's scheduler gives it. Exit 0: printed; 1: the config's optimizer or
@@ -27,6 +27,7 @@ struct CheckArgs {
   std::string file;
   int world_size = 0;  // 0: not given
   bool quiet = false;
+  bool strict = false;
 };
 
 struct LrScheduleArgs {
@@ -73,8 +74,10 @@ bool choose_world_size(int world_size, config::ParseOptions& opts) {
 
 // Parses `file` as `check` does and prints its errors and (unless quiet) warnings on stderr. Returns
 // kExitInvalid, after the summary line, when the config is invalid; otherwise kExitValid.
-int parse_reporting(const std::string& file, int world_size, bool quiet, config::ParseResult& result) {
+int parse_reporting(const std::string& file, int world_size, bool quiet, config::ParseResult& result,
+                    bool strict = false) {
   config::ParseOptions opts;
+  opts.strict = strict;
   if (!choose_world_size(world_size, opts)) return kExitInvalid;
   result = config::parse_config_file(file, opts);
   for (const auto& e : result.errors) std::cerr << config::format_diagnostic("error", e) << '\n';
@@ -91,7 +94,7 @@ int parse_reporting(const std::string& file, int world_size, bool quiet, config:
 
 int run_check(const CheckArgs& args) {
   config::ParseResult result;
-  if (parse_reporting(args.file, args.world_size, args.quiet, result) != kExitValid) return kExitInvalid;
+  if (parse_reporting(args.file, args.world_size, args.quiet, result, args.strict) != kExitValid) return kExitInvalid;
   if (!args.quiet) {
     for (const auto& r : result.resolved) std::cerr << config::format_resolution(r) << '\n';
   }
@@ -190,6 +193,8 @@ void add_config_command(CLI::App& app) {
                    "Data-parallel ranks for the batch rule (default: OMPI_COMM_WORLD_SIZE, WORLD_SIZE, else 1)")
       ->check(CLI::PositiveNumber);
   check->add_flag("-q,--quiet", check_args->quiet, "Print only errors and not-implemented features on stderr");
+  check->add_flag("--strict", check_args->strict,
+                  "Lint: keys DeepSpeed would ignore, hjson syntax and converted values are errors (as zero3.strict)");
   check->callback([check_args] {
     const int code = run_check(*check_args);
     if (code != kExitValid) throw CLI::RuntimeError(code);
