@@ -11,6 +11,9 @@ namespace zero3::config::detail {
 
 namespace {
 
+constexpr std::int64_t kHfMicroBatch = 8;  // transformers TrainingArguments.per_device_train_batch_size
+
+
 constexpr std::string_view kTb = "train_batch_size";
 constexpr std::string_view kMb = "train_micro_batch_size_per_gpu";
 constexpr std::string_view kGas = "gradient_accumulation_steps";
@@ -55,15 +58,16 @@ void parse_batch(ObjectReader& top, Context& cx) {
                     fmt::format("neither {} nor {} is given (DeepSpeed asserts); give at least one", kTb, kMb));
       return;
     }
-    mb.value = 1;
+    // What the HF Trainer would fill in from its own defaults (TrainingArguments.per_device_train_batch_size).
+    mb.value = kHfMicroBatch;
     mb.known = true;
-    mb.how = mb.got == Got::automatic ? "\"auto\": zero3's default micro batch, nothing to infer it from"
-                                      : "zero3's default micro batch for \"auto\" train_batch_size";
+    mb.how = fmt::format("{}HF Trainer's default per_device_train_batch_size ({}); nothing to infer it from",
+                         mb.got == Got::automatic ? "\"auto\": " : "for \"auto\" train_batch_size: ", kHfMicroBatch);
   }
   if (gas.got == Got::automatic && !(tb.known && mb.known)) {
     gas.value = 1;
     gas.known = true;
-    gas.how = "\"auto\": 1, nothing to infer it from";
+    gas.how = "\"auto\": HF Trainer's default gradient_accumulation_steps (1); nothing to infer it from";
   }
 
   // DeepSpeed's inference table.

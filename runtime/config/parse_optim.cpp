@@ -26,19 +26,28 @@ constexpr std::array<std::string_view, 8> kDsOtherOptimizers = {"lamb", "onebita
 constexpr std::array<std::string_view, 11> kTorchOptimizers = {
     "SGD", "RMSprop", "Adadelta", "Adamax", "ASGD", "LBFGS", "NAdam", "RAdam", "Rprop", "SparseAdam", "Adafactor"};
 
-// "auto" for an optimizer hyper-parameter: zero3 has no trainer arguments to copy, so the type's default.
-void auto_to_default(ObjectReader& r, std::string_view key, Got got, std::string value, std::string_view type) {
-  if (got == Got::automatic) {
-    r.sink().resolved(r.path_of(key), std::move(value),
-                      fmt::format("\"auto\": the {} default (no trainer arguments to take it from)", type));
-  }
+// "auto" is the HF Trainer's placeholder for its own arguments (transformers' HfTrainerDeepSpeedConfig fills
+// lr, betas, eps and weight_decay from TrainingArguments). zero3 has no trainer arguments, so it takes the
+// values the HF Trainer would take by default, whatever the optimizer type.
+constexpr double kHfLearningRate = 5e-5;
+constexpr std::array<double, 2> kHfBetas = {0.9, 0.999};
+constexpr double kHfEps = 1e-8;
+constexpr double kHfWeightDecay = 0.0;
+
+void auto_to_hf(ObjectReader& r, std::string_view key, Got got, double& out, double hf_default,
+                std::string_view hf_name) {
+  if (got != Got::automatic) return;
+  out = hf_default;
+  r.sink().resolved(r.path_of(key), json_text(out),
+                    fmt::format("\"auto\": HF Trainer's default {} (no trainer arguments to take it from)", hf_name));
 }
 
-void read_betas(ObjectReader& r, std::array<double, 2>& betas, std::string_view type) {
+void read_betas(ObjectReader& r, std::array<double, 2>& betas) {
   if (r.is_auto("betas")) {
     r.raw("betas");
-    auto_to_default(r, "betas", Got::automatic, fmt::format("[{}, {}]", json_text(betas[0]), json_text(betas[1])),
-                    type);
+    betas = kHfBetas;
+    r.sink().resolved(r.path_of("betas"), fmt::format("[{}, {}]", json_text(betas[0]), json_text(betas[1])),
+                      "\"auto\": HF Trainer's defaults adam_beta1, adam_beta2 (no trainer arguments to take them from)");
     return;
   }
   const Json* j = r.raw("betas");
@@ -74,12 +83,11 @@ void reject_max_grad_norm(ObjectReader& r) {
 }
 
 void parse_adam(ObjectReader& r, OptimizerConfig& o) {
-  const std::string_view name = o.type == OptimizerType::adam ? "Adam" : "AdamW";
-  auto_to_default(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), json_text(o.lr), name);
-  read_betas(r, o.betas, name);
-  auto_to_default(r, "eps", r.get_number("eps", o.eps, NumRange::above(0.0)), json_text(o.eps), name);
-  auto_to_default(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)),
-                  json_text(o.weight_decay), name);
+  auto_to_hf(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), o.lr, kHfLearningRate, "learning_rate");
+  read_betas(r, o.betas);
+  auto_to_hf(r, "eps", r.get_number("eps", o.eps, NumRange::above(0.0)), o.eps, kHfEps, "adam_epsilon");
+  auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)), o.weight_decay,
+             kHfWeightDecay, "weight_decay");
   r.get_bool("bias_correction", o.bias_correction);
   bool adam_w_mode = true;  // DeepSpeed's default
   const Got mode = r.get_bool("adam_w_mode", adam_w_mode);
@@ -99,10 +107,10 @@ void parse_adam(ObjectReader& r, OptimizerConfig& o) {
 }
 
 void parse_lion(ObjectReader& r, OptimizerConfig& o) {
-  auto_to_default(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), json_text(o.lr), "Lion");
-  read_betas(r, o.betas, "Lion");
-  auto_to_default(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)),
-                  json_text(o.weight_decay), "Lion");
+  auto_to_hf(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), o.lr, kHfLearningRate, "learning_rate");
+  read_betas(r, o.betas);
+  auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)), o.weight_decay,
+             kHfWeightDecay, "weight_decay");
   if (r.get_bool("fp32_optimizer_states", o.fp32_optimizer_states) == Got::value && !o.fp32_optimizer_states) {
     r.not_implemented("fp32_optimizer_states", "16-bit optimizer states are not implemented");
   }
@@ -113,10 +121,10 @@ void parse_lion(ObjectReader& r, OptimizerConfig& o) {
 void parse_adagrad(ObjectReader& r, OptimizerConfig& o) {
   o.lr = 1e-2;
   o.eps = 1e-10;
-  auto_to_default(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), json_text(o.lr), "Adagrad");
-  auto_to_default(r, "eps", r.get_number("eps", o.eps, NumRange::above(0.0)), json_text(o.eps), "Adagrad");
-  auto_to_default(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)),
-                  json_text(o.weight_decay), "Adagrad");
+  auto_to_hf(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), o.lr, kHfLearningRate, "learning_rate");
+  auto_to_hf(r, "eps", r.get_number("eps", o.eps, NumRange::above(0.0)), o.eps, kHfEps, "adam_epsilon");
+  auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)), o.weight_decay,
+             kHfWeightDecay, "weight_decay");
   for (std::string_view key : {"lr_decay", "initial_accumulator_value"}) {
     double v = 0.0;
     if (r.get_number(key, v, NumRange::at_least(0.0)) == Got::value && v != 0.0) {

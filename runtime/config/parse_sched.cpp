@@ -1,13 +1,14 @@
 // The scheduler block (https://www.deepspeed.ai/docs/config-json/ "Scheduler Parameters";
 // deepspeed/runtime/lr_schedules.py): the five DeepSpeed schedules with their defaults and required
-// params. "auto" comes from what zero3 knows: warmup_max_lr from the optimizer lr, total_num_steps and
-// warmup_num_steps from zero3.run.steps.
+// params. "auto" is filled as the HF Trainer would: warmup_max_lr from the optimizer lr, total_num_steps from
+// the run length (zero3.run.steps, else at run time), warmup_num_steps from HF's default of no warmup.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
 
 #include "parse_blocks.hpp"
+#include "zero3/core/error.hpp"
 
 namespace zero3::config::detail {
 
@@ -50,24 +51,29 @@ void require(ObjectReader& r, std::string_view key, Got got) {
   if (got == Got::absent) r.error(key, "required key is missing");
 }
 
-// total_num_steps / warmup_num_steps: "auto" needs zero3.run.steps.
-void read_steps(ObjectReader& r, Context& cx, std::string_view key, std::int64_t& out, bool required) {
-  const Got got = r.get_int(key, out, IntRange::at_least(1));
-  if (required) require(r, key, got);
+// total_num_steps: "auto" is the run length (the HF Trainer's num_training_steps): zero3.run.steps when the
+// config has it, else left to resolve_run_length at run time.
+void read_total_steps(ObjectReader& r, Context& cx, SchedulerConfig& s) {
+  const Got got = r.get_int("total_num_steps", s.total_num_steps, IntRange::at_least(1));
+  require(r, "total_num_steps", got);
   if (got != Got::automatic) return;
-  if (!cx.config.zero3.run) {
-    r.error(key, "\"auto\" needs the run length: set zero3.run.steps, or give a number");
+  if (cx.config.zero3.run) {
+    s.total_num_steps = cx.config.zero3.run->steps;
+    r.sink().resolved(r.path_of("total_num_steps"), json_text(s.total_num_steps), "\"auto\": zero3.run.steps");
     return;
   }
-  const std::int64_t steps = cx.config.zero3.run->steps;
-  if (key == "total_num_steps") {
-    out = steps;
-    r.sink().resolved(r.path_of(key), json_text(out), "\"auto\": zero3.run.steps");
-  } else {
-    out = std::max<std::int64_t>(1, steps / 10);
-    r.sink().resolved(r.path_of(key), json_text(out),
-                      fmt::format("\"auto\": zero3.run.steps ({}) / 10, at least 1", steps));
-  }
+  s.total_num_steps_from_run = true;
+  r.sink().resolved(r.path_of("total_num_steps"), "\"auto\"",
+                    "at run time from the run length: zero3 train --steps / zero3.run.steps");
+}
+
+// warmup_num_steps: "auto" is what the HF Trainer fills in by default (warmup_steps 0, warmup_ratio 0: no
+// warmup), raised to 1, the least DeepSpeed's warmup schedulers accept.
+void read_warmup_steps(ObjectReader& r, SchedulerConfig& s) {
+  if (r.get_int("warmup_num_steps", s.warmup_num_steps, IntRange::at_least(1)) != Got::automatic) return;
+  s.warmup_num_steps = 1;
+  r.sink().resolved(r.path_of("warmup_num_steps"), "1",
+                    "\"auto\": HF Trainer's default is no warmup (warmup_steps 0); 1 is the least DeepSpeed accepts");
 }
 
 void read_warmup_lr(ObjectReader& r, Context& cx, SchedulerConfig& s, bool inherit_when_absent) {
@@ -102,19 +108,19 @@ void parse_params(ObjectReader& p, Context& cx, SchedulerConfig& s) {
     case SchedulerType::warmup_lr:
     case SchedulerType::warmup_decay_lr: {
       const bool decay = s.type == SchedulerType::warmup_decay_lr;
-      if (decay) read_steps(p, cx, "total_num_steps", s.total_num_steps, /*required=*/true);
+      if (decay) read_total_steps(p, cx, s);
       read_warmup_lr(p, cx, s, /*inherit_when_absent=*/!decay);
-      read_steps(p, cx, "warmup_num_steps", s.warmup_num_steps, false);
+      read_warmup_steps(p, s);
       read_warmup_type(p, s);
-      if (decay && s.total_num_steps > 0 && s.total_num_steps < s.warmup_num_steps) {
+      if (decay && !s.total_num_steps_from_run && s.total_num_steps > 0 && s.total_num_steps < s.warmup_num_steps) {
         p.warning("total_num_steps",
                   fmt::format("{} is less than warmup_num_steps ({})", s.total_num_steps, s.warmup_num_steps));
       }
       break;
     }
     case SchedulerType::warmup_cosine_lr:
-      read_steps(p, cx, "total_num_steps", s.total_num_steps, /*required=*/true);
-      read_steps(p, cx, "warmup_num_steps", s.warmup_num_steps, false);
+      read_total_steps(p, cx, s);
+      read_warmup_steps(p, s);
       p.get_number("warmup_min_ratio", s.warmup_min_ratio, NumRange::between(0.0, 1.0));
       p.get_number("cos_min_ratio", s.cos_min_ratio, NumRange::between(0.0, 1.0));
       read_warmup_type(p, s);
@@ -189,3 +195,15 @@ void parse_scheduler(ObjectReader& top, Context& cx) {
 }
 
 }  // namespace zero3::config::detail
+
+namespace zero3::config {
+
+void resolve_run_length(Config& config, std::int64_t steps) {
+  if (steps < 1) throw UsageError(fmt::format("resolve_run_length: {} steps; a run needs at least 1", steps));
+  if (config.scheduler && config.scheduler->total_num_steps_from_run) {
+    config.scheduler->total_num_steps = steps;
+    config.scheduler->total_num_steps_from_run = false;
+  }
+}
+
+}  // namespace zero3::config

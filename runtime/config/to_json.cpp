@@ -160,7 +160,7 @@ Json scheduler_json(const SchedulerConfig& s) {
   Json p = Json::object();
   switch (s.type) {
     case SchedulerType::warmup_decay_lr:
-      p["total_num_steps"] = s.total_num_steps;
+      p["total_num_steps"] = s.total_num_steps_from_run ? Json("auto") : Json(s.total_num_steps);
       [[fallthrough]];
     case SchedulerType::warmup_lr:
       p["warmup_min_lr"] = s.warmup_min_lr;
@@ -169,7 +169,7 @@ Json scheduler_json(const SchedulerConfig& s) {
       p["warmup_type"] = str(to_string(s.warmup_type));
       break;
     case SchedulerType::warmup_cosine_lr:
-      p["total_num_steps"] = s.total_num_steps;
+      p["total_num_steps"] = s.total_num_steps_from_run ? Json("auto") : Json(s.total_num_steps);
       p["warmup_min_ratio"] = s.warmup_min_ratio;
       p["warmup_num_steps"] = s.warmup_num_steps;
       p["cos_min_ratio"] = s.cos_min_ratio;

@@ -230,6 +230,11 @@ class LrRangeTestSchedule final : public LrSchedule {
 
 // The parser enforces these; a Config built in code gets the same message instead of a division by zero.
 void validate(const SchedulerConfig& s) {
+  if (s.total_num_steps_from_run) {
+    throw ConfigError(
+        "scheduler.params.total_num_steps: \"auto\" and the run length is not known yet: call "
+        "config::resolve_run_length(config, steps) before building the engine (zero3 train does it)");
+  }
   require_at_least("last_batch_iteration", s.last_batch_iteration, -1);
   switch (s.type) {
     case SchedulerType::warmup_lr:

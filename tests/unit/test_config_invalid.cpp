@@ -125,9 +125,6 @@ const Case kCases[] = {
      "scheduler.params.warmup_type", "\"log\", \"linear\""},
     {"warmup steps zero", R"({)" Z3 R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})",
      "scheduler.params.warmup_num_steps", "must be > 0"},
-    {"auto steps without a run length",
-     R"({)" Z3 R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}})",
-     "scheduler.params.warmup_num_steps", "zero3.run.steps"},
     // ---- fp16 / bf16
     {"loss_scale_window zero", R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale_window": 0}})",
      "fp16.loss_scale_window", "must be > 0 with dynamic loss scaling"},

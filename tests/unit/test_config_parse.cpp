@@ -111,21 +111,24 @@ TEST_CASE("HF Trainer-style config full of \"auto\"", "[config][valid][auto]") {
   INFO(dump(r));
   REQUIRE(r.ok());
   const Config& c = *r.config;
-  // All three batch keys "auto": micro batch 1, accumulation 1, train batch = 1 * 1 * 4.
-  CHECK(c.batch.train_micro_batch_size_per_gpu == 1);
+  // "auto" takes what the HF Trainer fills in from transformers' TrainingArguments defaults:
+  // per_device_train_batch_size 8, gradient_accumulation_steps 1, learning_rate 5e-5, adam betas (0.9, 0.999),
+  // adam_epsilon 1e-8, weight_decay 0, max_grad_norm 1.0, warmup_steps 0; train batch = 8 * 1 * 4 ranks.
+  CHECK(c.batch.train_micro_batch_size_per_gpu == 8);
   CHECK(c.batch.gradient_accumulation_steps == 1);
-  CHECK(c.batch.train_batch_size == 4);
+  CHECK(c.batch.train_batch_size == 32);
   CHECK(c.gradient_clipping == 1.0);
   CHECK(c.optimizer->type == OptimizerType::adamw);
-  CHECK(c.optimizer->lr == 1e-3);
+  CHECK(c.optimizer->lr == 5e-5);
   CHECK(c.optimizer->betas == std::array<double, 2>{0.9, 0.999});
   CHECK(c.optimizer->eps == 1e-8);
   CHECK(c.optimizer->weight_decay == 0.0);
   CHECK(c.scheduler->type == SchedulerType::warmup_decay_lr);
   CHECK(c.scheduler->total_num_steps == 1000);  // zero3.run.steps
-  CHECK(c.scheduler->warmup_num_steps == 100);  // 1000 / 10
+  CHECK_FALSE(c.scheduler->total_num_steps_from_run);
+  CHECK(c.scheduler->warmup_num_steps == 1);  // HF's 0 (no warmup), raised to DeepSpeed's least
   CHECK(c.scheduler->warmup_min_lr == 0.0);
-  CHECK(c.scheduler->warmup_max_lr == 1e-3);  // the optimizer lr
+  CHECK(c.scheduler->warmup_max_lr == 5e-5);  // the optimizer lr
   CHECK_FALSE(c.fp16.enabled);
   CHECK_FALSE(c.bf16.enabled);
   CHECK(c.communication_data_type == DType::f32);
@@ -441,4 +444,30 @@ TEST_CASE("the resolved config parses back to itself", "[config][valid][to_json]
     CHECK(to_json(*second.config) == json);
     CHECK(second.not_implemented.size() == first.not_implemented.size());
   }
+}
+
+TEST_CASE("\"auto\" total_num_steps without a run length is left to the run", "[config][valid][auto]") {
+  const std::string json =
+      R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+          "zero_optimization": {"stage": 3},
+          "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto", "warmup_num_steps": 10}}})";
+  const ParseResult r = parse(json);
+  INFO(dump(r));
+  REQUIRE(r.ok());
+  const Resolution* note = resolution(r, "scheduler.params.total_num_steps");
+  REQUIRE(note != nullptr);
+  CHECK(note->value == "\"auto\"");
+  CHECK_THAT(note->reason, Catch::Contains("at run time") && Catch::Contains("--steps"));
+  Config c = *r.config;
+  CHECK(c.scheduler->total_num_steps_from_run);
+  // The resolved config keeps the "auto", so it reads back the same.
+  const ParseResult again = parse(to_json(c));
+  REQUIRE(again.ok());
+  CHECK(again.config->scheduler->total_num_steps_from_run);
+  // The run fills it in; a config with a number is left alone.
+  resolve_run_length(c, 250);
+  CHECK(c.scheduler->total_num_steps == 250);
+  CHECK_FALSE(c.scheduler->total_num_steps_from_run);
+  resolve_run_length(c, 999);
+  CHECK(c.scheduler->total_num_steps == 250);
 }

@@ -128,14 +128,14 @@ TEST_CASE("\"auto\" batch keys", "[config][batch][auto]") {
     REQUIRE(r.ok());
     CHECK(r.config->batch.gradient_accumulation_steps == 2);
   }
-  SECTION("all three auto: micro batch 1, accumulation 1") {
+  SECTION("all three auto: HF Trainer's defaults, micro batch 8 and accumulation 1") {
     const ParseResult r = parse(
         with_batch(
             R"("train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto")"),
         3);
     REQUIRE(r.ok());
-    CHECK(r.config->batch.train_batch_size == 3);
-    CHECK(r.config->batch.train_micro_batch_size_per_gpu == 1);
+    CHECK(r.config->batch.train_batch_size == 24);  // 8 * 1 * 3 ranks
+    CHECK(r.config->batch.train_micro_batch_size_per_gpu == 8);
     CHECK(r.config->batch.gradient_accumulation_steps == 1);
     CHECK(r.resolved.size() == 3);
   }

@@ -129,6 +129,7 @@ int run_lr_schedule(const LrScheduleArgs& args) {
     std::cerr << fmt::format("{}: zero3 cannot compute this learning-rate schedule\n", args.file);
     return kExitNotImplemented;
   }
+  config::resolve_run_length(*result.config, args.steps);  // "auto" total_num_steps: the previewed run's length
   const std::vector<double> lrs = optim::preview_lr(*result.config, args.steps);
   // fmt's default for a double is the shortest text that reads back to the same value (as Python prints).
   std::string out = args.json ? "{\"lr\": [" : "";

@@ -76,6 +76,8 @@ struct SchedulerConfig {
   WarmupType warmup_type = WarmupType::log;
   // WarmupDecayLR, WarmupCosineLR (required)
   std::int64_t total_num_steps = 0;
+  // "auto" parsed without a run length: total_num_steps is the run's step count, set by resolve_run_length.
+  bool total_num_steps_from_run = false;
   // WarmupCosineLR (multiplies the optimizer's lr)
   double warmup_min_ratio = 0.0;
   double cos_min_ratio = 1e-4;
@@ -339,5 +341,10 @@ struct Config {
   // Gradient accumulation dtype: data_types.grad_accum_dtype, else the model dtype.
   DType grad_accum_dtype() const { return data_types.grad_accum_dtype.value_or(model_dtype()); }
 };
+
+// Fills what a config leaves to the run length: scheduler total_num_steps given as "auto" in a config without
+// zero3.run. zero3 train does it from --steps / zero3.run.steps; a program that builds an Engine from such a
+// config calls it with its own step count first (the lr schedule refuses an unresolved "auto").
+void resolve_run_length(Config& config, std::int64_t steps);
 
 }  // namespace zero3::config
