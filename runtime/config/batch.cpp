@@ -13,7 +13,6 @@ namespace {
 
 constexpr std::int64_t kHfMicroBatch = 8;  // transformers TrainingArguments.per_device_train_batch_size
 
-
 constexpr std::string_view kTb = "train_batch_size";
 constexpr std::string_view kMb = "train_micro_batch_size_per_gpu";
 constexpr std::string_view kGas = "gradient_accumulation_steps";

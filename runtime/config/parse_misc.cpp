@@ -46,7 +46,9 @@ void parse_bf16(ObjectReader& top, Context& cx) {
   std::string_view name = "bf16";
   if (top.has("bfloat16")) {
     if (top.has("bf16")) {
-      top.error("bfloat16", "deprecated block 'bfloat16' and its replacement 'bf16' are both given; keep 'bf16'");
+      top.sink().lint("bfloat16",
+                      "ignored, as DeepSpeed ignores it when 'bf16' is also given (bfloat16 is bf16's old name); "
+                      "keep one");
       top.skip("bfloat16");
     } else {
       top.warning("bfloat16", "deprecated block name; use \"bf16\"");

@@ -46,8 +46,9 @@ void read_betas(ObjectReader& r, std::array<double, 2>& betas) {
   if (r.is_auto("betas")) {
     r.raw("betas");
     betas = kHfBetas;
-    r.sink().resolved(r.path_of("betas"), fmt::format("[{}, {}]", json_text(betas[0]), json_text(betas[1])),
-                      "\"auto\": HF Trainer's defaults adam_beta1, adam_beta2 (no trainer arguments to take them from)");
+    r.sink().resolved(
+        r.path_of("betas"), fmt::format("[{}, {}]", json_text(betas[0]), json_text(betas[1])),
+        "\"auto\": HF Trainer's defaults adam_beta1, adam_beta2 (no trainer arguments to take them from)");
     return;
   }
   const Json* j = r.raw("betas");

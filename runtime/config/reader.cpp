@@ -45,6 +45,64 @@ bool in_range(double v, const NumRange& r) {
   return true;
 }
 
+std::string trimmed(std::string_view v) {
+  const auto b = v.find_first_not_of(" \t\n\r");
+  if (b == std::string_view::npos) return {};
+  const auto e = v.find_last_not_of(" \t\n\r");
+  return std::string(v.substr(b, e - b + 1));
+}
+
+// The integer pydantic's lax mode reads from a string: optional sign, digits with single underscores between
+// them, optionally ".0...". nullopt for anything else.
+std::optional<std::int64_t> lax_int(std::string_view text) {
+  std::string t = trimmed(text);
+  if (const auto dot = t.find('.'); dot != std::string::npos) {
+    if (t.find_first_not_of('0', dot + 1) != std::string::npos) return std::nullopt;
+    t.resize(dot);
+  }
+  std::string digits;
+  std::size_t i = (!t.empty() && (t[0] == '+' || t[0] == '-')) ? 1 : 0;
+  if (i == t.size()) return std::nullopt;
+  for (; i < t.size(); ++i) {
+    const char c = t[i];
+    if (c == '_' && !digits.empty() && i + 1 < t.size() && t[i + 1] != '_') continue;
+    if (c < '0' || c > '9') return std::nullopt;
+    digits += c;
+  }
+  if (digits.empty() || digits.size() > 18) return std::nullopt;
+  const std::int64_t v = std::stoll(digits);
+  return t[0] == '-' ? -v : v;
+}
+
+// The boolean pydantic's lax mode reads from a string or a number.
+std::optional<bool> lax_bool(const Json& j) {
+  if (j.is_number()) {
+    const double d = j.get<double>();
+    if (d == 0.0) return false;
+    if (d == 1.0) return true;
+    return std::nullopt;
+  }
+  if (!j.is_string()) return std::nullopt;
+  std::string t = trimmed(j.get_ref<const std::string&>());
+  std::transform(t.begin(), t.end(), t.begin(), [](char c) { return lower(c); });
+  for (std::string_view yes : {"1", "true", "t", "yes", "y", "on"}) {
+    if (t == yes) return true;
+  }
+  for (std::string_view no : {"0", "false", "f", "no", "n", "off"}) {
+    if (t == no) return false;
+  }
+  return std::nullopt;
+}
+
+// The number pydantic's lax mode reads from a string ("1e-3", " 0.5 "); nullopt unless the whole text is one.
+std::optional<double> lax_number(std::string_view text) {
+  const std::string t = trimmed(text);
+  if (t.empty()) return std::nullopt;
+  const Json parsed = Json::parse(t, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_number()) return std::nullopt;
+  return parsed.get<double>();
+}
+
 }  // namespace
 
 std::string describe(const Json& j) {
@@ -134,6 +192,13 @@ void Sink::make_lint_errors(std::string_view why) {
 ObjectReader::ObjectReader(const Json& object, std::string path, std::string_view block, Sink& sink)
     : object_(object), path_(std::move(path)), block_(block), sink_(sink) {
   ZERO3_CHECK(object_.is_object(), "ObjectReader needs a JSON object");
+  const BlockRule* rule = find_block_rule(block_);
+  lax_ = rule != nullptr && rule->validation == Validation::strict_model;
+}
+
+void ObjectReader::converted(std::string_view key, const Json& j, const std::string& value) {
+  sink_.lint(path_of(key), fmt::format("{} is read as {}, as DeepSpeed's pydantic model converts it; write {}",
+                                       describe(j), value, value));
 }
 
 const KeySpec& ObjectReader::spec(std::string_view key) const {
@@ -208,7 +273,13 @@ Got ObjectReader::get_bool(std::string_view key, bool& out) {
   const Json* j = lookup(key, got);
   if (got == Got::automatic) return on_auto(key, json_text(out));
   if (j == nullptr) return got;
-  if (!j->is_boolean()) return type_error(key, "true or false", *j);
+  if (!j->is_boolean()) {
+    const std::optional<bool> v = lax_ ? lax_bool(*j) : std::nullopt;
+    if (!v) return type_error(key, "true or false", *j);
+    converted(key, *j, json_text(*v));
+    out = *v;
+    return Got::value;
+  }
   out = j->get<bool>();
   return Got::value;
 }
@@ -246,9 +317,15 @@ Got ObjectReader::get_int(std::string_view key, std::int64_t& out, IntRange rang
   if (got == Got::automatic) return on_auto(key, json_text(out));
   if (j == nullptr) return got;
   const std::string expected = range.min || range.max ? "an integer " + range_text(range) : "an integer";
-  if (!j->is_number()) return type_error(key, expected, *j);
   bool fractional = false;
-  auto v = as_int(*j, fractional);
+  std::optional<std::int64_t> v;
+  if (!j->is_number()) {
+    if (lax_ && j->is_string()) v = lax_int(j->get_ref<const std::string&>());
+    if (!v) return type_error(key, expected, *j);
+    converted(key, *j, json_text(*v));
+  } else {
+    v = as_int(*j, fractional);
+  }
   if (!v) {
     if (fractional) {
       error(key, fmt::format("expected {}, got {} (a fractional number)", expected, j->dump()));
@@ -284,8 +361,16 @@ Got ObjectReader::get_number(std::string_view key, double& out, NumRange range) 
   if (got == Got::automatic) return on_auto(key, json_text(out));
   if (j == nullptr) return got;
   const std::string expected = range.min || range.max ? "a number " + range_text(range) : "a number";
-  if (!j->is_number()) return type_error(key, expected, *j);
-  const double v = j->get<double>();
+  double v = 0.0;
+  if (j->is_number()) {
+    v = j->get<double>();
+  } else {
+    std::optional<double> lax;
+    if (lax_ && j->is_string()) lax = lax_number(j->get_ref<const std::string&>());
+    if (!lax) return type_error(key, expected, *j);
+    v = *lax;
+    if (std::isfinite(v)) converted(key, *j, json_text(v));
+  }
   if (!std::isfinite(v)) return type_error(key, "a finite number", *j);
   if (!in_range(v, range)) {
     error(key, fmt::format("must be {}, got {}", range_text(range), j->dump()));

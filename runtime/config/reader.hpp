@@ -151,6 +151,8 @@ class ObjectReader {
   // Applies the key's AutoRule to an "auto" value; `default_text` is the value kept for ds_default.
   Got on_auto(std::string_view key, const std::string& default_text);
   Got type_error(std::string_view key, std::string_view expected, const Json& j);
+  // A value of another JSON type that DeepSpeed's pydantic model converts (lax mode): a lint warning.
+  void converted(std::string_view key, const Json& j, const std::string& value);
 
   const Json& object_;
   std::string path_;
@@ -158,6 +160,7 @@ class ObjectReader {
   Sink& sink_;
   std::set<std::string, std::less<>> consumed_;
   bool finished_ = false;
+  bool lax_ = false;  // the block is a pydantic model in DeepSpeed: its lax conversions ("500" -> 500) apply
 };
 
 }  // namespace zero3::config::detail

@@ -28,8 +28,11 @@ const Case kCases[] = {
     // ---- zero_optimization
     {"stage out of range", R"({"train_batch_size": 8, "zero_optimization": {"stage": 4}})", "zero_optimization.stage",
      "must be in [0, 3]"},
-    {"stage as string", R"({"train_batch_size": 8, "zero_optimization": {"stage": "3"}})", "zero_optimization.stage",
-     "expected an integer"},
+    {"stage as string, strict",
+     R"({"train_batch_size": 8, "zero_optimization": {"stage": "3"}, "zero3": {"strict": true}})",
+     "zero_optimization.stage", "DeepSpeed's pydantic model converts it"},
+    {"stage as an unreadable string", R"({"train_batch_size": 8, "zero_optimization": {"stage": "three"}})",
+     "zero_optimization.stage", "expected an integer"},
     {"stage fractional", R"({"train_batch_size": 8, "zero_optimization": {"stage": 2.5}})", "zero_optimization.stage",
      "fractional"},
     {"negative bucket", R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_bucket_size": -1}})",
@@ -132,14 +135,15 @@ const Case kCases[] = {
      "fp16.loss_scale", "must be >= 0"},
     {"loss scale as bool", R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale": true}})",
      "fp16.loss_scale", "expected a number"},
-    {"enabled as string", R"({"train_batch_size": 8, "fp16": {"enabled": "yes"}})", "fp16.enabled",
+    {"enabled as a word pydantic refuses", R"({"train_batch_size": 8, "fp16": {"enabled": "si"}})", "fp16.enabled",
      "expected true or false"},
     {"fp16 and bf16", R"({"train_batch_size": 8, "fp16": {"enabled": true}, "bf16": {"enabled": true}})",
      "bf16.enabled", "both true"},
     {"bf16 check_overflow (old key)", R"({"train_batch_size": 8, "bf16": {"enabled": true, "check_overflow": true}})",
      "bf16.check_overflow", "unknown key"},
-    {"bfloat16 and bf16", R"({"train_batch_size": 8, "bf16": {"enabled": true}, "bfloat16": {"enabled": true}})",
-     "bfloat16", "both given"},
+    {"bfloat16 and bf16, strict",
+     R"({"train_batch_size": 8, "bf16": {"enabled": true}, "bfloat16": {"enabled": true}, "zero3": {"strict": true}})",
+     "bfloat16", "DeepSpeed ignores it when 'bf16' is also given"},
     {"bf16 optimizer states alone",
      R"({"train_batch_size": 8, "bf16": {"enabled": true, "bf16_optimizer_states": true}})",
      "bf16.bf16_optimizer_states", "bf16_master_weights_and_grads"},
@@ -159,7 +163,8 @@ const Case kCases[] = {
     {"top-level key in the wrong block, strict",
      R"({"train_batch_size": 8, "offload_optimizer": {"device": "cpu"}, "zero3": {"strict": true}})",
      "offload_optimizer", "it is a key of 'zero_optimization'"},
-    {"misspelt zero_optimization key", R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_bucket_sz": 5}})",
+    {"misspelt zero_optimization key",
+     R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_bucket_sz": 5}})",
      "zero_optimization.reduce_bucket_sz", "DeepSpeedZeroConfig: extra inputs are not permitted"},
     {"negative clipping", R"({"train_batch_size": 8, "gradient_clipping": -1.0})", "gradient_clipping", "must be >= 0"},
     {"steps_per_print zero", R"({"train_batch_size": 8, "steps_per_print": 0})", "steps_per_print", "must be > 0"},
@@ -178,8 +183,8 @@ const Case kCases[] = {
      "data_types.param_dtype", "conflicts"},
     {"tag validation", R"({"train_batch_size": 8, "checkpoint": {"tag_validation": "strict"}})",
      "checkpoint.tag_validation", "\"Ignore\", \"Warn\", \"Fail\""},
-    {"monitor enabled as string", R"({"train_batch_size": 8, "tensorboard": {"enabled": "true"}})",
-     "tensorboard.enabled", "expected true or false"},
+    {"monitor enabled as a number", R"({"train_batch_size": 8, "tensorboard": {"enabled": 2}})", "tensorboard.enabled",
+     "expected true or false"},
     {"csv monitor unknown key", R"({"train_batch_size": 8, "csv_monitor": {"enabled": true, "path": "x"}})",
      "csv_monitor.path", "unknown key"},
     {"comet key misspelt", R"({"train_batch_size": 8, "comet": {"enabled": false, "api": "k"}})", "comet.api",
@@ -256,6 +261,36 @@ TEST_CASE("invalid configs are rejected with the JSON path of the mistake", "[co
     CHECK_FALSE(r.config.has_value());
     CHECK(has(r.errors, c.path, c.text));
   }
+}
+
+TEST_CASE("values DeepSpeed's pydantic blocks convert are read the same, with a warning", "[config][lint]") {
+  // pydantic's lax mode, as DeepSpeed's strict blocks (zero_optimization, fp16, bf16, the monitors) use it.
+  const ParseResult r = parse(
+      R"({"train_batch_size": 8, "optimizer": {"type": "AdamW"},
+          "zero_optimization": {"stage": " 3 ", "reduce_bucket_size": "5_000_000", "contiguous_gradients": "yes",
+                                "offload_optimizer": {"device": "cpu", "ratio": "1e0"}},
+          "fp16": {"enabled": "off", "initial_scale_power": "12.0"}})");
+  INFO(dump(r));
+  REQUIRE(r.ok());
+  CHECK(r.config->zero.stage == 3);
+  CHECK(r.config->zero.reduce_bucket_size == 5'000'000);
+  CHECK(r.config->zero.offload_optimizer.ratio == 1.0);
+  CHECK_FALSE(r.config->fp16.enabled);
+  CHECK(r.config->fp16.initial_scale_power == 12);
+  for (const char* path :
+       {"zero_optimization.stage", "zero_optimization.reduce_bucket_size", "zero_optimization.contiguous_gradients",
+        "zero_optimization.offload_optimizer.ratio", "fp16.enabled", "fp16.initial_scale_power"}) {
+    CHECK(has(r.warnings, path, "DeepSpeed's pydantic model converts it"));
+  }
+  // What pydantic refuses stays an error: a fraction, an exponent for an integer, a word for a boolean.
+  const ParseResult bad = parse(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": "2.5", "reduce_bucket_size": "5e8",
+          "contiguous_gradients": "maybe"}})");
+  CHECK(has(bad.errors, "zero_optimization.stage", "expected an integer"));
+  CHECK(has(bad.errors, "zero_optimization.reduce_bucket_size", "expected an integer"));
+  CHECK(has(bad.errors, "zero_optimization.contiguous_gradients", "true or false"));
+  // Blocks DeepSpeed reads as plain dicts hand the string on; zero3 does not guess there.
+  CHECK(has(parse(R"({"train_batch_size": 8, "gradient_clipping": "1.0"})").errors, "gradient_clipping", "a number"));
 }
 
 TEST_CASE("keys DeepSpeed ignores are warnings, and errors in strict mode", "[config][invalid][lint]") {
