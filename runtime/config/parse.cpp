@@ -44,7 +44,9 @@ ParseResult parse_config_text(std::string_view json_text, const ParseOptions& op
   const std::string name = options.source_name.empty() ? std::string("<config>") : options.source_name;
   try {
     detail::Json root;
-    if (detail::read_json_document(json_text, name, root, result.errors)) parse_document(root, options, result);
+    if (detail::read_json_document(json_text, name, root, result.errors, result.warnings,
+                                   detail::SyntaxMode::deepspeed))
+      parse_document(root, options, result);
   } catch (const std::exception& e) {
     result.config.reset();
     result.errors.push_back(
