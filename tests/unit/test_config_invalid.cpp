@@ -306,9 +306,10 @@ TEST_CASE("documents that are not a JSON object", "[config][invalid]") {
     CHECK_THAT(r.errors[0].message, Catch::Contains("line 2, column 1"));
   }
   SECTION("error on the first line") {
-    auto r = parse_config_text("{'train_batch_size': 8}", opts);
+    // hjson (so zero3) takes 'single quotes', but not a key without its ':' (the 21st byte).
+    auto r = parse_config_text("{\"train_batch_size\" 8}", opts);
     REQUIRE(r.errors.size() == 1);
-    CHECK_THAT(r.errors[0].message, Catch::Contains("line 1, column 2"));
+    CHECK_THAT(r.errors[0].message, Catch::Contains("line 1, column 21"));
   }
   SECTION("top level array, string, number, null") {
     for (const char* doc : {"[1, 2]", "\"config\"", "8", "null"}) {
