@@ -49,7 +49,12 @@ ParseResult parse_config_text(std::string_view json_text, const ParseOptions& op
   try {
     detail::Sink sink(result);
     detail::Json root;
-    if (detail::read_json_document(json_text, name, root, result.errors)) parse_document(root, options, sink, result);
+    // hjson syntax is lint: a warning, an error under --strict (read as plain JSON then) or zero3.strict.
+    std::vector<Diagnostic> syntax;
+    const auto mode = options.strict ? detail::SyntaxMode::strict_json : detail::SyntaxMode::deepspeed;
+    const bool usable = detail::read_json_document(json_text, name, root, result.errors, syntax, mode);
+    for (auto& w : syntax) sink.lint(std::move(w.path), std::move(w.message));
+    if (usable) parse_document(root, options, sink, result);
   } catch (const std::exception& e) {
     result.config.reset();
     result.errors.push_back(
