@@ -103,6 +103,15 @@ void parse_data_types(ObjectReader& top, Context& cx) {
     r.error("param_dtype", fmt::format("{} conflicts with the model dtype {} set by fp16/bf16 (DeepSpeed asserts)",
                                        dtype_name(*d.param_dtype), dtype_name(model)));
   }
+  // Name patterns of buffers kept in fp32 under fp16/bf16 (DeepSpeed 0.19.8); zero3's models have no buffers.
+  if (const Json* keep = r.raw("keep_in_fp32_modules"); keep != nullptr && !r.is_auto("keep_in_fp32_modules")) {
+    const bool names =
+        keep->is_array() && std::all_of(keep->begin(), keep->end(), [](const Json& e) { return e.is_string(); });
+    if (!names) {
+      r.error("keep_in_fp32_modules",
+              fmt::format("must be \"auto\" or a list of name patterns, got {} (DeepSpeed raises)", describe(*keep)));
+    }
+  }
   r.finish();
 }
 

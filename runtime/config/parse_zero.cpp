@@ -161,8 +161,12 @@ void parse_zero_variants(ObjectReader& r, Context& cx, ZeroConfig& z) {
   for (std::string_view k :
        {"use_multi_rank_bucket_allreduce", "allgather_partitions", "round_robin_gradients", "ignore_unused_parameters",
         "memory_efficient_linear", "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-        "save_muon_momentum_buffer_in_memory"}) {
+        "save_muon_momentum_buffer_in_memory", "parameter_alignment"}) {
     r.get_bool(k, ignored);
+  }
+  bool grad_norm = true;
+  if (r.get_bool("compute_grad_norm", grad_norm) == Got::value && !grad_norm && z.stage != 1 && z.stage != 2) {
+    r.error("compute_grad_norm", "false is supported only with ZeRO stage 1 or 2 (DeepSpeed's validator rejects it)");
   }
 }
 
@@ -203,7 +207,7 @@ void parse_zero_optimization(ObjectReader& top, Context& cx) {
     if (r.get_bool("reduce_scatter", z.reduce_scatter) == Got::value && !z.reduce_scatter && z.stage == 3) {
       r.not_implemented("reduce_scatter", "false (all-reduce of gradients) is not implemented; zero3 reduce-scatters");
     }
-    if (r.get_int("reduce_bucket_size", z.reduce_bucket_size, IntRange::at_least(0)) == Got::automatic) {
+    if (r.get_int("reduce_bucket_size", z.reduce_bucket_size, IntRange::at_least(1)) == Got::automatic) {
       auto_from_hidden(r, cx, "reduce_bucket_size", z.reduce_bucket_size, "h * h",
                        [](std::int64_t h) { return h * h; });
     }

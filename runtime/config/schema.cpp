@@ -246,6 +246,9 @@ constexpr KeySpec kKeys[] = {
     {kZero, "allgather_partitions", "bool", "true", S::no_effect, A::ds_default, kStage12},
     {kZero, "allgather_bucket_size", "int >= 0", "5e8", S::no_effect, A::ds_default, kStage12},
     {kZero, "round_robin_gradients", "bool", "false", S::no_effect, A::ds_default, kStage12},
+    {kZero, "parameter_alignment", "bool", "false", S::no_effect, A::ds_default, kStage12},
+    {kZero, "compute_grad_norm", "bool", "true", S::no_effect, A::ds_default,
+     "stages 1-2 only; false with stage 3 is an error (DeepSpeed's validator)"},
     {kZero, "ignore_unused_parameters", "bool", "true", S::no_effect, A::ds_default, kStage12},
     {kZero, "load_from_fp32_weights", "bool", "true", S::implemented, A::ds_default, ""},
     {kZero, "elastic_checkpoint", "bool", "false", S::no_effect, A::ds_default,
@@ -393,6 +396,8 @@ constexpr KeySpec kKeys[] = {
      "must match the fp16/bf16 mode"},
     {"data_types", "buffer_dtype", "dtype string or null", "model dtype", S::implemented, A::rejected,
      "must match the fp16/bf16 mode"},
+    {"data_types", "keep_in_fp32_modules", "\"auto\" or list of strings", "\"auto\"", S::no_effect, A::rejected,
+     "buffers kept in fp32; zero3's models have none"},
 
     // ---- monitors and profilers ("Monitoring Module", "Flops Profiler", "Activation Checkpointing", ...)
     {"csv_monitor", "enabled", "bool", "false", S::implemented, A::ds_default, ""},
