@@ -155,6 +155,15 @@ std::string cell(std::string_view s) {
   return out;
 }
 
+// "DeepSpeed 0.19.8: DeepSpeedZeroConfig (runtime/zero/config.py), strict model: unknown keys rejected (since 0.7.0)"
+std::string block_rule_line(std::string_view block) {
+  const config::BlockRule* rule = config::find_block_rule(block);
+  if (rule == nullptr) return {};
+  if (rule->validation == config::Validation::zero3_own) return std::string(config::to_string(rule->validation));
+  return fmt::format("DeepSpeed: {}, {} ({})", rule->reader, config::to_string(rule->validation),
+                     rule->since == "always" ? std::string("in every release") : fmt::format("since {}", rule->since));
+}
+
 void run_keys(const KeysArgs& args) {
   std::string_view last_block = "\x01";
   for (const auto& k : config::known_keys()) {
@@ -162,14 +171,16 @@ void run_keys(const KeysArgs& args) {
     if (args.markdown) {
       if (k.block != last_block) {
         std::cout << fmt::format(
-            "\n### {}\n\n| key | type | default | zero3 | \"auto\" | notes |\n"
+            "\n### {}\n\n{}\n\n| key | type | default | zero3 | \"auto\" | notes |\n"
             "|---|---|---|---|---|---|\n",
-            k.block.empty() ? "top level" : k.block);
+            k.block.empty() ? "top level" : k.block, block_rule_line(k.block));
       }
       std::cout << fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", k.key, cell(k.type), cell(k.default_value),
                                config::to_string(k.support), config::to_string(k.auto_rule), cell(k.note));
     } else {
-      if (k.block != last_block) std::cout << fmt::format("\n[{}]\n", k.block.empty() ? "top level" : k.block);
+      if (k.block != last_block) {
+        std::cout << fmt::format("\n[{}]  {}\n", k.block.empty() ? "top level" : k.block, block_rule_line(k.block));
+      }
       std::string line = fmt::format("  {:<42} {:<28} {}", k.key, config::to_string(k.support), k.note);
       line.erase(line.find_last_not_of(' ') + 1);
       std::cout << line << '\n';
