@@ -96,10 +96,23 @@ void read_warmup_lr(ObjectReader& r, Context& cx, SchedulerConfig& s, bool inher
   }
 }
 
+// DeepSpeed's warmup schedulers log a warning for any other string and warm up logarithmically.
 void read_warmup_type(ObjectReader& r, SchedulerConfig& s) {
-  std::string t = "log";
-  r.get_choice("warmup_type", t, {"log", "linear"});
-  s.warmup_type = t == "linear" ? WarmupType::linear : WarmupType::log;
+  const Json* j = r.raw("warmup_type");
+  s.warmup_type = WarmupType::log;
+  if (j == nullptr) return;
+  if (!j->is_string()) {
+    r.error("warmup_type", fmt::format("expected \"log\" or \"linear\", got {}", describe(*j)));
+    return;
+  }
+  const std::string& t = j->get_ref<const std::string&>();
+  if (t == "linear") {
+    s.warmup_type = WarmupType::linear;
+  } else if (t != "log") {
+    r.sink().lint(
+        r.path_of("warmup_type"),
+        fmt::format("unknown warmup type {}: log is used, as DeepSpeed does (\"log\" or \"linear\")", describe(*j)));
+  }
 }
 
 void parse_params(ObjectReader& p, Context& cx, SchedulerConfig& s) {

@@ -132,8 +132,10 @@ const Case kCases[] = {
     {"total_num_steps is not a WarmupLR param",
      R"({)" Z3 R"(, "scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 100}}})",
      "scheduler.params.total_num_steps", "it is a key of"},
-    {"warmup_type cosine", R"({)" Z3 R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})",
-     "scheduler.params.warmup_type", "\"log\", \"linear\""},
+    {"warmup_type cosine, strict",
+     R"({)" Z3
+     R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}, "zero3": {"strict": true}})",
+     "scheduler.params.warmup_type", "log is used, as DeepSpeed does"},
     {"warmup steps zero", R"({)" Z3 R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})",
      "scheduler.params.warmup_num_steps", "must be > 0"},
     // ---- fp16 / bf16
