@@ -105,10 +105,6 @@ void parse_stage3_keys(ObjectReader& r, Context& cx, ZeroConfig& z) {
       }
     }
   }
-  if (z.gather_16bit_weights_on_model_save) {
-    cx.sink.not_implemented(r.path_of(new_given ? key : (r.has(kOld) ? kOld : key)),
-                            "gathering full 16-bit weights on model save is not implemented");
-  }
   key = r.pick("stage3_module_granularity_threshold", "module_granularity_threshold");
   if (r.get_int(key, z.module_granularity_threshold) == Got::value && z.module_granularity_threshold > 0) {
     r.not_implemented(key, "fetching modules as one unit by granularity is not implemented");

@@ -141,8 +141,28 @@ double Trainer::train_step(std::int64_t step) {
   return loss_sum / static_cast<double>(gas);
 }
 
+// stage3_gather_16bit_weights_on_model_save: DeepSpeed then gathers the full 16-bit weights into one file at
+// each model save (what HF's Trainer writes beside its checkpoints). zero3 writes CHECKPOINT/model.safetensors
+// in the model dtype from the committed checkpoint, on rank 0, through a temporary file renamed into place.
+void Trainer::export_model_weights(const ckpt::SaveReport& r) {
+  const config::Config& cfg = unit_trainer_.engine().config();
+  if (!cfg.zero.gather_16bit_weights_on_model_save || unit_trainer_.bootstrap()->rank() != 0) return;
+  const std::filesystem::path out = r.dir / "model.safetensors";
+  try {
+    ckpt::export_safetensors(ckpt::CheckpointReader(r.dir), out, cfg.model_dtype());
+  } catch (const std::exception& e) {
+    events::emit(
+        {.level = log::Level::error,
+         .kind = "model_export_failed",
+         .step = step_of_tag(r.tag),
+         .message = fmt::format("checkpoint {} is saved, but writing {} failed: {}", r.tag, out.string(), e.what()),
+         .fields = {{"tag", r.tag}, {"path", out.string()}, {"error", e.what()}}});
+  }
+}
+
 void Trainer::report_saves(const std::vector<ckpt::SaveReport>& reports) {
   for (const ckpt::SaveReport& r : reports) {
+    if (r.ok) export_model_weights(r);
     if (!r.ok) {
       ++summary_.failed_saves;
       if (unit_trainer_.bootstrap()->rank() == 0) {  // the report is the same on every rank

@@ -4,7 +4,8 @@
 # the same curve bit for bit; world sizes 1 and 2 give the same curve within fp32 tolerance; bad input
 # (missing token file, token id >= vocab, unknown model field, context longer than the data) is a clear
 # error and a non-zero exit; the MLP quick job reaches the floor; wall_clock_breakdown's step split adds up
-# and leaves the numbers alone; `zero3 bench train` runs.
+# and leaves the numbers alone; `zero3 bench train` runs; stage3_gather_16bit_weights_on_model_save writes
+# model.safetensors into each checkpoint.
 # Usage: train_cli_test.sh ZERO3_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -u
 zero3="$1"
@@ -172,6 +173,28 @@ for c in r:
     assert c["tokens_per_s"] > 0 and c["time_ms"]["total"] > 0, c
 print("bench train:", [(c["world_size"], c["offload_optimizer"], round(c["tokens_per_s"])) for c in r])
 PY
+
+# 8. stage3_gather_16bit_weights_on_model_save: every checkpoint holds model.safetensors, byte for byte what
+# `zero3 ckpt export --dtype bf16` writes from the same checkpoint (the HF Trainer's 16-bit model file).
+python3 - "$configs/mlp-tiny.json" "$tmp/gather.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+open(sys.argv[2], "w").write(json.dumps(c))
+PY
+"$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --progress off --config "$tmp/gather.json" --steps 20 \
+  --save-dir "$tmp/gather" --save-interval 10 >"$tmp/gather.out" 2>&1 ||
+  fail "gather run failed: $(tail -n 5 "$tmp/gather.out")"
+for tag in global_step10 global_step20; do
+  if [[ ! -s "$tmp/gather/$tag/model.safetensors" ]]; then
+    fail "$tag has no model.safetensors"
+    continue
+  fi
+  "$zero3" ckpt export "$tmp/gather/$tag" --out "$tmp/$tag.safetensors" --dtype bf16 >/dev/null 2>&1 ||
+    fail "ckpt export of $tag failed"
+  cmp -s "$tmp/gather/$tag/model.safetensors" "$tmp/$tag.safetensors" || fail "$tag/model.safetensors differs from the export"
+done
+"$zero3" ckpt info "$tmp/gather" >/dev/null 2>&1 || fail "the checkpoint with model.safetensors does not verify"
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures failure(s)"

@@ -38,7 +38,7 @@ expect_stderr() {
 # The shipped example configs: valid and runnable at world size 2; stdout is the resolved JSON, which
 # is itself a valid config with the same meaning.
 for f in "$configs"/*.json; do
-  check 0 "$f" --world-size 2 || continue
+  check 0 "$f" --world-size 2 --strict || continue  # the shipped configs are lint-clean too
   cp "$tmp/out" "$tmp/resolved.json"
   check 0 "$tmp/resolved.json" --world-size 2 || continue
   cmp -s "$tmp/out" "$tmp/resolved.json" || fail "$f: resolved config does not reproduce itself"
@@ -76,9 +76,18 @@ env -u OMPI_COMM_WORLD_SIZE WORLD_SIZE=two "$zero3" config check "$ok" >"$tmp/ou
 expect_stderr "$ok" "error: WORLD_SIZE:"
 
 # --quiet drops notes and warnings but keeps not-implemented lines.
-check 1 "$fixtures/exit1/hf_trainer_zero3_auto.json" --world-size 2 --quiet
+check 1 "$fixtures/exit1/nvme_offload.json" --world-size 2 --quiet
 grep -q '^note:' "$tmp/err" && fail "--quiet still printed notes"
-expect_stderr quiet "not implemented: zero_optimization.stage3_gather_16bit_weights_on_model_save"
+expect_stderr quiet "not implemented: zero_optimization.offload_optimizer.device"
+
+# --strict: the HF config's "auto" notes stay notes; a key DeepSpeed ignores becomes an error.
+check 0 "$fixtures/exit0/hf_trainer_zero3_auto.json" --world-size 2 --strict
+printf '{"train_batch_size": 8, "_comment": "x", "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 3}}' \
+  >"$tmp/comment.json"
+check 0 "$tmp/comment.json"
+expect_stderr comment "warning: _comment: unknown key"
+check 2 "$tmp/comment.json" --strict
+expect_stderr comment "error: _comment: unknown key"
 
 # The key table prints and names a few keys.
 "$zero3" config keys >"$tmp/out" 2>"$tmp/err" || fail "config keys failed"

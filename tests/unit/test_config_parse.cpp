@@ -107,7 +107,7 @@ TEST_CASE("DeepSpeed docs-style config with 5e8-style floats", "[config][valid]"
 }
 
 TEST_CASE("HF Trainer-style config full of \"auto\"", "[config][valid][auto]") {
-  const ParseResult r = parse_fixture("exit1/hf_trainer_zero3_auto.json", 4);
+  const ParseResult r = parse_fixture("exit0/hf_trainer_zero3_auto.json", 4);
   INFO(dump(r));
   REQUIRE(r.ok());
   const Config& c = *r.config;
@@ -150,9 +150,8 @@ TEST_CASE("HF Trainer-style config full of \"auto\"", "[config][valid][auto]") {
     CHECK(resolution(r, path) != nullptr);
   }
   CHECK(resolution(r, "zero_optimization.reduce_bucket_size")->value == "589824");
-  // The one feature zero3 lacks here.
-  REQUIRE(r.not_implemented.size() == 1);
-  CHECK(r.not_implemented[0].path == "zero_optimization.stage3_gather_16bit_weights_on_model_save");
+  // Everything it asks for runs (the 16-bit weights gathered at save are zero3 train's model.safetensors).
+  CHECK(r.not_implemented.empty());
 }
 
 TEST_CASE("comments, pydantic field names and the bfloat16 block", "[config][valid]") {

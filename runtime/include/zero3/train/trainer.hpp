@@ -86,6 +86,7 @@ class Trainer {
   bool stop_agreed(std::int64_t done);
   void finish_preemption(const std::vector<ckpt::SaveReport>& saves, double save_s);
   std::int64_t roll_back(std::int64_t step);
+  void export_model_weights(const ckpt::SaveReport& r);
   void report_saves(const std::vector<ckpt::SaveReport>& reports);
   void log_interval(std::int64_t done, const StepResult& r, double loss, Window& window);
   double heldout_loss();
