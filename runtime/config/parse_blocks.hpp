@@ -27,5 +27,7 @@ void parse_batch(ObjectReader& top, Context& cx);              // batch.cpp
 void parse_aio(ObjectReader& top, Context& cx);                // parse_zero.cpp
 void parse_misc_blocks(ObjectReader& top, Context& cx);        // parse_misc.cpp: checkpoint, data_types, monitors, ...
 void parse_other_ds_blocks(ObjectReader& top, Context& cx);    // parse_other.cpp: DeepSpeed features zero3 lacks
+void parse_removed_keys(ObjectReader& top, Context& cx);       // parse_removed.cpp: keys DeepSpeed 0.19.8 rejects
+void parse_removed_zero_keys(ObjectReader& zero);              // parse_removed.cpp: the zero_optimization ones
 
 }  // namespace zero3::config::detail

@@ -1,6 +1,7 @@
-// DeepSpeed's other top-level blocks: features zero3 does not implement (amp, pipeline, elasticity, sparse
-// attention, compression, ...). They are accepted so that real DeepSpeed configs load; where zero3 knows
-// the block's keys they are checked, and a block that switches its feature on is reported as not implemented.
+// DeepSpeed's other top-level blocks: features zero3 does not implement (pipeline, hybrid engine, DeepCompile,
+// autotuning, ...; the ones DeepSpeed 0.19.8 removed are rejected in parse_removed.cpp). They are accepted so that real
+// DeepSpeed configs load; where zero3 knows the block's keys they are checked, and a block that switches its feature on
+// is reported as not implemented.
 #include <fmt/format.h>
 
 #include <array>
@@ -24,21 +25,13 @@ struct FeatureBlock {
   std::string_view what;
 };
 
-constexpr std::array<FeatureBlock, 18> kBlocks = {{
+constexpr std::array<FeatureBlock, 10> kBlocks = {{
     {"torch_autocast", true, Trigger::enabled, "torch autocast"},
-    {"elasticity", true, Trigger::enabled, "elastic training"},
-    {"sparse_attention", true, Trigger::present, "sparse attention"},
     {"hybrid_engine", true, Trigger::enabled, "the hybrid (RLHF) engine"},
-    {"eigenvalue", true, Trigger::enabled, "eigenvalue computation"},
-    {"progressive_layer_drop", true, Trigger::enabled, "progressive layer drop"},
-    {"nebula", true, Trigger::enabled, "Nebula checkpointing"},
     {"compile", true, Trigger::enabled, "DeepCompile"},  // switch key: deepcompile
     {"timers", true, Trigger::enabled, ""},              // no feature to report
-    {"compression_training", false, Trigger::non_empty, "compression training"},
     {"data_efficiency", false, Trigger::enabled, "data efficiency"},
-    {"curriculum_learning", false, Trigger::enabled, "curriculum learning"},
     {"autotuning", false, Trigger::enabled, "autotuning"},
-    {"quantize_training", false, Trigger::enabled, "quantization-aware training"},
     {"datastates_ckpt", false, Trigger::non_empty, "DataStates checkpointing"},
     {"weight_quantization", false, Trigger::non_empty, "weight quantization"},
     {"tensor_parallel", false, Trigger::non_empty, "tensor parallelism"},
@@ -83,39 +76,6 @@ void parse_feature_block(ObjectReader& top, Context& cx, const FeatureBlock& b) 
     cx.sink.not_implemented(
         path, fmt::format("{} is not implemented{}", b.what, b.keys_known ? "" : " (block contents are not checked)"));
   }
-  if (b.name == "elasticity" && on) {
-    const bool batch_given = top.has("train_batch_size") || top.has("train_micro_batch_size_per_gpu") ||
-                             top.has("gradient_accumulation_steps");
-    const auto ignore = j->find("ignore_non_elastic_batch_info");
-    const bool ignoring = ignore != j->end() && ignore->is_boolean() && ignore->get<bool>();
-    if (batch_given && !ignoring) {
-      cx.sink.error("elasticity.enabled",
-                    "elasticity overwrites the batch keys, which are also given (DeepSpeed "
-                    "raises unless ignore_non_elastic_batch_info is true)");
-    }
-  }
-}
-
-void parse_amp(ObjectReader& top, Context& cx) {
-  const Json* j = top.get_object("amp");
-  if (j == nullptr) return;
-  auto it = j->find("enabled");
-  if (it == j->end()) {
-    cx.sink.error("amp.enabled", "required key is missing (DeepSpeed reads it without a default)");
-    return;
-  }
-  if (!it->is_boolean()) {
-    cx.sink.error("amp.enabled", fmt::format("expected true or false, got {}", describe(*it)));
-    return;
-  }
-  if (!it->get<bool>()) return;
-  if (cx.config.zero.stage > 0) {
-    cx.sink.error("amp.enabled", "Apex AMP is incompatible with ZeRO (DeepSpeed asserts)");
-  } else if (cx.config.fp16.enabled || cx.config.bf16.enabled) {
-    cx.sink.error("amp.enabled", "Apex AMP cannot be combined with fp16 or bf16 (DeepSpeed asserts)");
-  } else {
-    cx.sink.not_implemented("amp.enabled", "Apex AMP is not implemented (its other keys are not checked)");
-  }
 }
 
 void parse_pipeline(ObjectReader& top, Context& cx) {
@@ -136,7 +96,6 @@ void parse_pipeline(ObjectReader& top, Context& cx) {
 }  // namespace
 
 void parse_other_ds_blocks(ObjectReader& top, Context& cx) {
-  parse_amp(top, cx);
   parse_pipeline(top, cx);
   for (const auto& b : kBlocks) parse_feature_block(top, cx, b);
 }

@@ -1,5 +1,7 @@
 // Invalid configs: each must be rejected with an error naming the offending JSON path (and saying what is
 // wrong). One row per rule; the base config around each mistake is otherwise valid.
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 #include <string>
 
@@ -204,14 +206,16 @@ const Case kCases[] = {
      "activation_checkpointing.partitioned_activations", "did you mean 'partition_activations'?"},
     {"flops profile_step zero", R"({"train_batch_size": 8, "flops_profiler": {"profile_step": 0}})",
      "flops_profiler.profile_step", "must be > 0"},
-    {"amp without enabled", R"({"train_batch_size": 8, "amp": {"opt_level": "O1"}})", "amp.enabled",
-     "required key is missing"},
-    {"amp with ZeRO", R"({)" Z3 R"(, "amp": {"enabled": true}})", "amp.enabled", "incompatible with ZeRO"},
+    {"amp, removed in DeepSpeed 0.19.8", R"({"train_batch_size": 8, "amp": {"enabled": false}})", "amp",
+     "removed in DeepSpeed 0.19.8"},
+    {"MiCS, removed in DeepSpeed 0.19.8",
+     R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "mics_shard_size": -1}})",
+     "zero_optimization.mics_shard_size", "removed in DeepSpeed 0.19.8"},
     {"aio thread_count and intra_op_parallelism",
      R"({"train_batch_size": 8, "aio": {"thread_count": 2, "intra_op_parallelism": 4}})", "aio.thread_count",
      "both given"},
-    {"elastic with batch keys", R"({"train_batch_size": 8, "elasticity": {"enabled": true}})", "elasticity.enabled",
-     "ignore_non_elastic_batch_info"},
+    {"elasticity, removed in DeepSpeed 0.19.8", R"({"train_batch_size": 8, "elasticity": {"enabled": false}})",
+     "elasticity", "even when the feature is off"},
     {"pipeline stages not a number", R"({"train_batch_size": 8, "pipeline": {"stages": "two"}})", "pipeline.stages",
      "expected \"auto\" or an integer"},
     {"duplicate nested key",
@@ -349,6 +353,41 @@ TEST_CASE("hjson syntax is a warning, and an error under zero3.strict or --stric
   const ParseResult by_option = parse_config_text("{" + body + "}", strict);
   CHECK_FALSE(by_option.ok());
   CHECK(has(by_option.errors, "<config>", "line 1"));
+}
+
+TEST_CASE("every key DeepSpeed 0.19.8 removed is rejected, whatever its value", "[config][invalid]") {
+  // deepspeed/runtime/config.py, _REMOVED_TOP_LEVEL_CONFIG_KEYS and _REMOVED_ZERO_CONFIG_KEYS: the key's
+  // presence is the error, so {} and false are rejected as a full block is.
+  const char* top_level[] = {"amp",
+                             "nebula",
+                             "compression_training",
+                             "quantize_training",
+                             "sparse_gradients",
+                             "eigenvalue",
+                             "sparse_attention",
+                             "elasticity",
+                             "graph_harvesting",
+                             "curriculum_learning",
+                             "progressive_layer_drop"};
+  const char* zero[] = {"mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param"};
+  for (const char* value : {"{}", "false", "{\"enabled\": false}", "null"}) {
+    for (const char* key : top_level) {
+      INFO(key << ": " << value);
+      const ParseResult r = parse(fmt::format(R"({{"train_batch_size": 8, "{}": {}}})", key, value));
+      CHECK_FALSE(r.ok());
+      CHECK(has(r.errors, key, "removed in DeepSpeed 0.19.8"));
+    }
+    for (const char* key : zero) {
+      INFO(key << ": " << value);
+      const ParseResult r =
+          parse(fmt::format(R"({{"train_batch_size": 8, "zero_optimization": {{"stage": 3, "{}": {}}}}})", key, value));
+      CHECK_FALSE(r.ok());
+      CHECK(has(r.errors, std::string("zero_optimization.") + key, "removed in DeepSpeed 0.19.8"));
+    }
+  }
+  // The advice names what replaces the feature where something does.
+  CHECK(has(parse(R"({"train_batch_size": 8, "curriculum_learning": {}})").errors, "curriculum_learning",
+            "data_efficiency.data_sampling.curriculum_learning"));
 }
 
 TEST_CASE("all errors of a config are reported in one pass", "[config][invalid]") {

@@ -176,8 +176,6 @@ struct ZeroConfig {
   bool zero_quantized_weights = false;
   bool zero_quantized_nontrainable_weights = false;
   bool zero_quantized_gradients = false;
-  std::int64_t mics_shard_size = -1;
-  bool mics_hierarchical_params_gather = false;
 };
 
 // aio block: NVMe swap settings (only used with an nvme offload device).
