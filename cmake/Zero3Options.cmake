@@ -20,6 +20,22 @@ if(ZERO3_SANITIZE)
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${ZERO3_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
   target_link_options(zero3_sanitizers INTERFACE -fsanitize=${ZERO3_SANITIZE})
 endif()
+# The fuzz build instruments every project library for libFuzzer's coverage feedback and checks it with
+# ASan and UBSan; only the fuzz targets link libFuzzer itself (tests/fuzz/CMakeLists.txt).
+if(ZERO3_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "ZERO3_FUZZ=ON needs clang (libFuzzer), but the C++ compiler is ${CMAKE_CXX_COMPILER_ID} "
+                        "${CMAKE_CXX_COMPILER}: configure a separate build with -DCMAKE_CXX_COMPILER=clang++ "
+                        "(tools/fuzz.sh does)")
+  endif()
+  if(ZERO3_SANITIZE)
+    message(FATAL_ERROR "ZERO3_FUZZ=ON sets its own sanitizers (address,undefined); leave ZERO3_SANITIZE empty")
+  endif()
+  target_compile_options(zero3_sanitizers INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+    -fno-sanitize-recover=all>)
+  target_link_options(zero3_sanitizers INTERFACE -fsanitize=address,undefined)
+endif()
 
 # zero3_add_library(name SOURCES...) : a static library with the project's flags.
 function(zero3_project_flags target)

@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build clang-format clang-tidy
+  clang libclang-rt-dev  # tools/fuzz.sh: libFuzzer and the sanitizer runtimes (recommended only, by clang)
   libtbb-dev nlohmann-json3-dev catch2 libhwloc-dev
   libopenmpi-dev openmpi-bin
   libcli11-dev libfmt-dev libxxhash-dev libopenblas-dev

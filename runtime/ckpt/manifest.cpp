@@ -142,8 +142,15 @@ FileSummary file_from_json(const json& j, const std::string& path, const std::st
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     s.chunks.push_back(chunk_from_json(chunks[i], fmt::format("{}[{}]", f.sub("chunks"), i), source));
     const ChunkEntry& c = s.chunks.back();
+    // Readers hold one chunk in memory at a time: a larger one (or a count whose byte size overflows) is
+    // not of this format.
+    if (c.count > kChunkBytes / size_of(c.dtype)) {
+      f.fail(fmt::format("{}[{}]", f.sub("chunks"), i),
+             fmt::format("{} elements of {} are more than a chunk holds ({} bytes)", c.count, dtype_name(c.dtype),
+                         kChunkBytes));
+    }
     const std::uint64_t size = c.count * size_of(c.dtype);
-    if (c.count > s.bytes || c.offset > s.bytes || size > s.bytes - c.offset) {
+    if (c.offset > s.bytes || size > s.bytes - c.offset) {
       f.fail(fmt::format("{}[{}]", f.sub("chunks"), i),
              fmt::format("{} bytes at offset {} lie past the end of the file ({} bytes)", size, c.offset, s.bytes));
     }
@@ -166,6 +173,15 @@ ParamInfo param_from_json(const json& j, const std::string& path, const std::str
       f.fail(fmt::format("{}[{}]", f.sub("shape"), i), fmt::format("expected a size, got {}", d.dump()));
     }
     p.shape.push_back(d.get<std::int64_t>());
+  }
+  // numel() and every byte count derived from it stay in 64 bits.
+  std::uint64_t numel = 1;
+  for (std::int64_t d : p.shape) {
+    const auto n = static_cast<std::uint64_t>(d);
+    if (n != 0 && numel > std::numeric_limits<std::uint64_t>::max() / 8 / n) {
+      f.fail(f.sub("shape"), fmt::format("{} elements or more: too many to address", numel));
+    }
+    numel *= n;
   }
   return p;
 }
@@ -244,6 +260,25 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
     m.files.push_back(file_from_json(files[i], fmt::format("files[{}]", i), source));
   }
   return m;
+}
+
+Manifest manifest_from_text(std::string_view text, const std::string& source) {
+  // Copying and printing a JSON value recurse once per level: deeper nesting would overflow the stack.
+  const json::parser_callback_t limit_depth = [&source](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxManifestDepth) {
+      throw CheckpointError(
+          fmt::format("{}: not a zero3 checkpoint (JSON nested deeper than {} levels)", source, kMaxManifestDepth));
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, limit_depth);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double (1e999)
+    throw CheckpointError(fmt::format("{}: not a zero3 checkpoint (invalid JSON: {})", source, e.what()));
+  }
+  return manifest_from_json(j, source);
 }
 
 std::filesystem::path checkpoint_dir(const std::filesystem::path& root, std::string_view tag) {

@@ -101,20 +101,12 @@ fs::path locate(const fs::path& path, std::string_view tag) {
 
 Manifest load_manifest(const fs::path& dir) {
   const fs::path path = dir / kManifestName;
-  const std::string text = detail::read_small_file(path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw CheckpointError(fmt::format("{}: not a zero3 checkpoint (invalid JSON: {})", path.string(), e.what()));
-  }
-  return manifest_from_json(j, path.string());
+  return manifest_from_text(detail::read_small_file(path), path.string());
 }
 
-// Checks what the manifest's fields alone cannot (names unique, chunks inside their param and their file,
-// no two chunks sharing bytes of a file) and builds the index.
-std::shared_ptr<detail::ReaderIndex> build_index(const Manifest& m, const fs::path& dir) {
-  const std::string source = (dir / kManifestName).string();
+}  // namespace
+
+std::shared_ptr<detail::ReaderIndex> detail::build_reader_index(const Manifest& m, const std::string& source) {
   auto index = std::make_shared<detail::ReaderIndex>();
   for (std::size_t i = 0; i < m.params.size(); ++i) {
     if (!index->params.emplace(m.params[i].name, i).second) {
@@ -168,6 +160,8 @@ std::shared_ptr<detail::ReaderIndex> build_index(const Manifest& m, const fs::pa
   return index;
 }
 
+namespace {
+
 const detail::FileDescriptor& file_fd(detail::ReaderIndex& index, const fs::path& dir, const Manifest& m,
                                       std::size_t f) {
   const std::lock_guard lock(index.mutex);
@@ -208,7 +202,7 @@ CheckpointReader::CheckpointReader(const fs::path& path, std::string_view tag) :
   if (!tag.empty() && manifest_.tag != tag) {
     throw CheckpointError(fmt::format("{} holds the checkpoint of tag {}, not {}", dir_.string(), manifest_.tag, tag));
   }
-  index_ = build_index(manifest_, dir_);
+  index_ = detail::build_reader_index(manifest_, (dir_ / kManifestName).string());
 }
 
 const ParamInfo* CheckpointReader::find_param(std::string_view name) const {

@@ -83,6 +83,16 @@ struct Manifest {
 };
 nlohmann::json to_json(const Manifest& m);
 Manifest manifest_from_json(const nlohmann::json& j, const std::string& source);  // source: for messages
+// A manifest.json's text, as read from disk: invalid JSON, nesting deeper than kMaxManifestDepth (in the
+// caller's config and state too) and every bad field throw CheckpointError naming `source`.
+inline constexpr int kMaxManifestDepth = 128;
+Manifest manifest_from_text(std::string_view text, const std::string& source);
+
+namespace detail {
+// What CheckpointReader checks at open beyond the fields (names unique, chunks inside their param, no two
+// chunks sharing bytes of a file), building its index; CheckpointError naming `source`.
+std::shared_ptr<ReaderIndex> build_reader_index(const Manifest& m, const std::string& source);
+}  // namespace detail
 
 // Paths under a root.
 std::filesystem::path checkpoint_dir(const std::filesystem::path& root, std::string_view tag);
