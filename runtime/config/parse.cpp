@@ -23,6 +23,7 @@ void parse_document(const detail::Json& root, const ParseOptions& options, detai
   detail::Context cx{sink, options, config};
   detail::ObjectReader top(root, "", "", sink);
   detail::parse_zero3_block(top, cx);
+  detail::parse_removed_keys(top, cx);
   detail::parse_precision(top, cx);
   detail::parse_zero_optimization(top, cx);
   detail::parse_top_scalars(top, cx);

@@ -131,14 +131,7 @@ void parse_zero_variants(ObjectReader& r, Context& cx, ZeroConfig& z) {
       "zero_quantized_nontrainable_weights", "quantized non-trainable weights are not implemented");
   z.zero_quantized_gradients =
       r.not_implemented_if_true("zero_quantized_gradients", "ZeRO++ quantized gradients (qgZ) are not implemented");
-  if (r.get_object("zeropp_loco_param", /*null_ok=*/true) != nullptr) {
-    r.not_implemented("zeropp_loco_param", "LoCo-ZeRO++ is not implemented");
-  }
-  if (r.get_int("mics_shard_size", z.mics_shard_size) == Got::value && z.mics_shard_size > 0) {
-    r.not_implemented("mics_shard_size", "MiCS sharding is not implemented");
-  }
-  z.mics_hierarchical_params_gather =
-      r.not_implemented_if_true("mics_hierarchical_params_gather", "MiCS hierarchical gather is not implemented");
+  reject_removed_zero_keys(r);
   r.not_implemented_if_true("pipeline_loading_checkpoint", "pipelined checkpoint loading is not implemented");
   if (const Json* zen = r.get_object("zenflow", /*null_ok=*/true)) {
     ObjectReader zr(*zen, r.path_of("zenflow"), "zero_optimization.zenflow", cx.sink);

@@ -248,8 +248,6 @@ Json zero_json(const ZeroConfig& z) {
   j["zero_quantized_weights"] = z.zero_quantized_weights;
   j["zero_quantized_nontrainable_weights"] = z.zero_quantized_nontrainable_weights;
   j["zero_quantized_gradients"] = z.zero_quantized_gradients;
-  j["mics_shard_size"] = z.mics_shard_size;
-  j["mics_hierarchical_params_gather"] = z.mics_hierarchical_params_gather;
   return j;
 }
 

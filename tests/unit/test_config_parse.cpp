@@ -219,7 +219,6 @@ TEST_CASE("defaults of a minimal stage-3 config follow DeepSpeed 0.19.6", "[conf
   CHECK(z.offload_optimizer.buffer_count == 4);
   CHECK(z.offload_optimizer.ratio == 1.0);
   CHECK(z.zero_hpz_partition_size == 1);
-  CHECK(z.mics_shard_size == -1);
   CHECK(c.aio.block_size == 1'048'576);
   CHECK(c.aio.intra_op_parallelism == 1);
   CHECK(c.checkpoint.tag_validation == TagValidation::warn);

@@ -296,7 +296,6 @@ TEST_CASE("not implemented: reported only when a feature is switched on", "[conf
        "zero_optimization.zero_quantized_gradients"},
       {R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8})",
        "zero_optimization.zero_hpz_partition_size"},
-      {R"("zero_optimization": {"stage": 3, "mics_shard_size": 8})", "zero_optimization.mics_shard_size"},
       {R"("zero_optimization": {"stage": 3, "zenflow": {"topk_ratio": 0.1}})", "zero_optimization.zenflow"},
       {R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "super_offload": true}})",
        "zero_optimization.offload_optimizer.super_offload"},
@@ -307,11 +306,10 @@ TEST_CASE("not implemented: reported only when a feature is switched on", "[conf
       {R"("zero_optimization": {"stage": 3}, "flops_profiler": {"enabled": true})", "flops_profiler.enabled"},
       {R"("zero_optimization": {"stage": 3}, "activation_checkpointing": {"partition_activations": true})",
        "activation_checkpointing.partition_activations"},
-      {R"("zero_optimization": {"stage": 3}, "elasticity": {"enabled": true, "ignore_non_elastic_batch_info": true})",
-       "elasticity.enabled"},
       {R"("zero_optimization": {"stage": 3}, "pipeline": {"stages": 2})", "pipeline.stages"},
       {R"("zero_optimization": {"stage": 3}, "compile": {"deepcompile": true})", "compile.deepcompile"},
-      {R"("zero_optimization": {"stage": 3}, "sparse_attention": {"mode": "fixed"})", "sparse_attention"},
+      {R"("zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2})", "tensor_parallel.autotp_size"},
+      {R"("zero_optimization": {"stage": 3}, "weight_quantization": {"num_bits": 4})", "weight_quantization"},
       {R"("zero_optimization": {"stage": 3}, "data_efficiency": {"enabled": true, "seed": 1})",
        "data_efficiency.enabled"},
       {R"("zero_optimization": {"stage": 3}, "torch_autocast": {"enabled": true})", "torch_autocast.enabled"},
@@ -331,13 +329,14 @@ TEST_CASE("not implemented: reported only when a feature is switched on", "[conf
   SECTION("the same blocks with their features off are runnable") {
     const ParseResult r = parse(head + R"(
       "zero_optimization": {"stage": 3, "offload_param": {"device": "none"}, "zero_quantized_weights": false,
-                            "zero_hpz_partition_size": 1, "mics_shard_size": -1, "zenflow": null,
+                            "zero_hpz_partition_size": 1, "zenflow": null,
                             "offload_optimizer": {"device": "cpu", "super_offload": false}},
       "tensorboard": {"enabled": false, "output_path": "tb"}, "wandb": {"enabled": false, "project": "p"},
       "comet": {"enabled": false}, "flops_profiler": {"enabled": false},
       "activation_checkpointing": {"partition_activations": false, "cpu_checkpointing": false},
-      "elasticity": {"enabled": false}, "pipeline": {"stages": "auto"}, "compile": {"deepcompile": false},
-      "data_efficiency": {"enabled": false}, "torch_autocast": {"enabled": false}, "amp": {"enabled": false},
+      "tensor_parallel": {"autotp_size": 0, "tp": {"tp_size": 1}}, "weight_quantization": {"enabled": false},
+      "pipeline": {"stages": "auto"}, "compile": {"deepcompile": false},
+      "data_efficiency": {"enabled": false}, "torch_autocast": {"enabled": false},
       "checkpoint": {"load_universal": false}, "aio": {"use_gds": false}, "sequence_parallel_size": 1})");
     INFO(dump(r));
     REQUIRE(r.ok());
