@@ -18,6 +18,7 @@ struct Context {
 };
 
 void parse_zero3_block(ObjectReader& top, Context& cx);        // parse_zero3.cpp
+void parse_removed_keys(ObjectReader& top, Context& cx);       // parse_removed.cpp: keys DeepSpeed 0.19.8 rejects
 void parse_precision(ObjectReader& top, Context& cx);          // parse_misc.cpp: fp16, bf16 / bfloat16
 void parse_zero_optimization(ObjectReader& top, Context& cx);  // parse_zero.cpp
 void parse_optimizer(ObjectReader& top, Context& cx);          // parse_optim.cpp
@@ -27,7 +28,7 @@ void parse_batch(ObjectReader& top, Context& cx);              // batch.cpp
 void parse_aio(ObjectReader& top, Context& cx);                // parse_zero.cpp
 void parse_misc_blocks(ObjectReader& top, Context& cx);        // parse_misc.cpp: checkpoint, data_types, monitors, ...
 void parse_other_ds_blocks(ObjectReader& top, Context& cx);    // parse_other.cpp: DeepSpeed features zero3 lacks
-void parse_removed_keys(ObjectReader& top, Context& cx);       // parse_removed.cpp: keys DeepSpeed 0.19.8 rejects
-void parse_removed_zero_keys(ObjectReader& zero);              // parse_removed.cpp: the zero_optimization ones
+// The zero_optimization keys DeepSpeed 0.19.8 rejects (parse_removed.cpp), for parse_zero_optimization.
+void reject_removed_zero_keys(ObjectReader& zero);
 
 }  // namespace zero3::config::detail

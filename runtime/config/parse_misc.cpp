@@ -276,6 +276,7 @@ void parse_top_scalars(ObjectReader& top, Context& cx) {
     top.get_bool(k, flag);
   }
   top.get_bool("zero_allow_untested_optimizer", c.zero_allow_untested_optimizer);
+  top.get_bool("disable_python_gc", flag);
   bool managed = true;
   if (top.get_bool("managed_gradient_accumulation", managed) == Got::value && !managed) {
     top.not_implemented("managed_gradient_accumulation", "client-managed accumulation boundaries are not implemented");

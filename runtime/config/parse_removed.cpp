@@ -1,6 +1,7 @@
-// Keys DeepSpeed 0.19.8 removed (deepspeed/runtime/config.py, `_reject_removed_config_keys`): DeepSpeed rejects
-// a config that merely contains one, even `{}` or false, before it reads anything else, so zero3 does too,
-// naming the key, the feature that went and what replaces it.
+// Keys of features DeepSpeed 0.19.8 removed. Its loader (deepspeed/runtime/config.py,
+// `_reject_removed_config_keys`) refuses a config that merely contains one of them, whatever the value ({},
+// false, null), before reading anything else; zero3 gives the same verdict, one error per key at its path,
+// with what to use instead. See https://github.com/deepspeedai/DeepSpeed/issues/8489.
 #include <fmt/format.h>
 
 #include <span>
@@ -13,49 +14,50 @@ namespace {
 
 struct RemovedKey {
   std::string_view key;
-  std::string_view feature;
-  std::string_view instead;  // what to use now; empty when nothing replaces it
+  std::string_view feature;  // what the key configured
+  std::string_view advice;   // what to do instead, before "delete the key"; may be empty
 };
 
 constexpr RemovedKey kTopLevel[] = {
-    {"amp", "NVIDIA Apex AMP", "use fp16, bf16 or torch_autocast"},
-    {"nebula", "Nebula checkpointing", "the checkpoint block and zero3 train --save-dir"},
-    {"compression_training", "the compression library", ""},
-    {"quantize_training", "Mixture-of-Quantization (quantize_training)", ""},
-    {"sparse_gradients", "sparse embedding gradients", ""},
-    {"eigenvalue", "eigenvalue-based Mixture-of-Quantization", ""},
-    {"sparse_attention", "Sparse Attention", ""},
-    {"elasticity", "elastic training", ""},
-    {"graph_harvesting", "graph harvesting", ""},
-    {"curriculum_learning", "the top-level curriculum learning",
-     "use data_efficiency.data_sampling.curriculum_learning"},
-    {"progressive_layer_drop", "Progressive Layer Dropping", ""},
+    {"amp", "NVIDIA Apex AMP", "for mixed precision use the fp16, bf16 or torch_autocast block"},
+    {"nebula", "Nebula checkpointing", "checkpoints are written by the regular checkpoint path"},
+    {"compression_training", "the compression library", "it has no replacement; the model trains unquantized"},
+    {"quantize_training", "Mixture-of-Quantization (MoQ) training", "it has no replacement"},
+    {"sparse_gradients", "sparse compression of dense embedding gradients",
+     "embeddings built with sparse=True need no config flag"},
+    {"eigenvalue", "eigenvalue-based MoQ", "it has no replacement"},
+    {"sparse_attention", "DeepSpeed Sparse Attention", "it has no replacement"},
+    {"elasticity", "elastic training",
+     "set train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps directly"},
+    {"graph_harvesting", "graph harvesting", "it has no replacement"},
+    {"curriculum_learning", "top-level curriculum learning",
+     "configure it under data_efficiency.data_sampling.curriculum_learning"},
+    {"progressive_layer_drop", "progressive layer dropping", "it has no replacement"},
 };
 
 constexpr RemovedKey kZeroOptimization[] = {
-    {"mics_shard_size", "MiCS sharding", ""},
-    {"mics_hierarchical_params_gather", "MiCS sharding", ""},
-    {"zeropp_loco_param", "LoCo-ZeRO++", ""},
+    {"mics_shard_size", "MiCS sharding", "plain ZeRO-3 partitioning is the replacement"},
+    {"mics_hierarchical_params_gather", "MiCS sharding", "plain ZeRO-3 partitioning is the replacement"},
+    {"zeropp_loco_param", "LoCo-ZeRO++", "ZeRO++ quantized gradients work without it"},
 };
 
-void reject_removed(ObjectReader& r, std::span<const RemovedKey> keys) {
+void reject_present(ObjectReader& r, std::span<const RemovedKey> keys) {
   for (const RemovedKey& k : keys) {
-    if (!r.has(k.key)) continue;
-    r.skip(k.key);
-    r.error(k.key, fmt::format("{} was removed in DeepSpeed 0.19.8, which rejects this key even when the feature is "
-                               "off (DeepSpeed issue 8489); delete the key{}{}",
-                               k.feature, k.instead.empty() ? "" : ", and ", k.instead));
+    if (r.raw(k.key) == nullptr) continue;
+    r.error(k.key, fmt::format("{} was removed in DeepSpeed 0.19.8, which rejects a config containing this key "
+                               "even when the feature is off; {}; delete the key",
+                               k.feature, k.advice));
   }
 }
 
 }  // namespace
 
-void parse_removed_keys(ObjectReader& top, Context&) {
-  reject_removed(top, kTopLevel);
+void parse_removed_keys(ObjectReader& top, Context& /*cx*/) {
+  reject_present(top, kTopLevel);
 }
 
-void parse_removed_zero_keys(ObjectReader& zero) {
-  reject_removed(zero, kZeroOptimization);
+void reject_removed_zero_keys(ObjectReader& zero) {
+  reject_present(zero, kZeroOptimization);
 }
 
 }  // namespace zero3::config::detail

@@ -127,7 +127,7 @@ void parse_zero_variants(ObjectReader& r, Context& cx, ZeroConfig& z) {
       "zero_quantized_nontrainable_weights", "quantized non-trainable weights are not implemented");
   z.zero_quantized_gradients =
       r.not_implemented_if_true("zero_quantized_gradients", "ZeRO++ quantized gradients (qgZ) are not implemented");
-  parse_removed_zero_keys(r);
+  reject_removed_zero_keys(r);
   r.not_implemented_if_true("pipeline_loading_checkpoint", "pipelined checkpoint loading is not implemented");
   if (const Json* zen = r.get_object("zenflow", /*null_ok=*/true)) {
     ObjectReader zr(*zen, r.path_of("zenflow"), "zero_optimization.zenflow", cx.sink);

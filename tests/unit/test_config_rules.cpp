@@ -308,6 +308,8 @@ TEST_CASE("not implemented: reported only when a feature is switched on", "[conf
        "activation_checkpointing.partition_activations"},
       {R"("zero_optimization": {"stage": 3}, "pipeline": {"stages": 2})", "pipeline.stages"},
       {R"("zero_optimization": {"stage": 3}, "compile": {"deepcompile": true})", "compile.deepcompile"},
+      {R"("zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2})", "tensor_parallel.autotp_size"},
+      {R"("zero_optimization": {"stage": 3}, "weight_quantization": {"num_bits": 4})", "weight_quantization"},
       {R"("zero_optimization": {"stage": 3}, "data_efficiency": {"enabled": true, "seed": 1})",
        "data_efficiency.enabled"},
       {R"("zero_optimization": {"stage": 3}, "torch_autocast": {"enabled": true})", "torch_autocast.enabled"},
@@ -332,6 +334,7 @@ TEST_CASE("not implemented: reported only when a feature is switched on", "[conf
       "tensorboard": {"enabled": false, "output_path": "tb"}, "wandb": {"enabled": false, "project": "p"},
       "comet": {"enabled": false}, "flops_profiler": {"enabled": false},
       "activation_checkpointing": {"partition_activations": false, "cpu_checkpointing": false},
+      "tensor_parallel": {"autotp_size": 0, "tp": {"tp_size": 1}}, "weight_quantization": {"enabled": false},
       "pipeline": {"stages": "auto"}, "compile": {"deepcompile": false},
       "data_efficiency": {"enabled": false}, "torch_autocast": {"enabled": false},
       "checkpoint": {"load_universal": false}, "aio": {"use_gds": false}, "sequence_parallel_size": 1})");

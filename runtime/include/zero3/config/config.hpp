@@ -171,7 +171,7 @@ struct ZeroConfig {
   bool allgather_sequential = false;                     // stage3_allgather_sequential
   OffloadConfig offload_param;
   OffloadConfig offload_optimizer = OffloadConfig::optimizer_defaults();
-  // ZeRO++ and MiCS switches; zero3 accepts only their "off" values for training (see docs/config.md).
+  // ZeRO++ switches; zero3 accepts only their "off" values for training (see docs/config.md).
   std::int64_t zero_hpz_partition_size = 1;
   bool zero_quantized_weights = false;
   bool zero_quantized_nontrainable_weights = false;

@@ -47,7 +47,7 @@ enum class Validation : std::uint8_t {
 };
 
 struct BlockRule {
-  std::string_view block;   // as in KeySpec::block
+  std::string_view block;  // as in KeySpec::block
   Validation validation;
   std::string_view reader;  // DeepSpeed's class or function that reads it, and its file
   std::string_view since;   // the DeepSpeed release since which this rule holds
