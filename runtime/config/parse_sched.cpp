@@ -106,7 +106,9 @@ void read_warmup_type(ObjectReader& r, SchedulerConfig& s) {
     return;
   }
   const std::string& t = j->get_ref<const std::string&>();
-  if (t == "linear") {
+  if (t == "auto") {
+    r.sink().resolved(r.path_of("warmup_type"), "\"log\"", "\"auto\": DeepSpeed's default");
+  } else if (t == "linear") {
     s.warmup_type = WarmupType::linear;
   } else if (t != "log") {
     r.sink().lint(

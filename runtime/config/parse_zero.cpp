@@ -190,7 +190,7 @@ void parse_zero_optimization(ObjectReader& top, Context& cx) {
       } else if (r.is_auto("overlap_comm")) {
         r.sink().resolved(r.path_of("overlap_comm"), json_text(z.overlap_comm), "\"auto\": DeepSpeed's stage == 3");
       } else {
-        r.error("overlap_comm", fmt::format("expected true, false or null, got {}", describe(*oc)));
+        r.get_bool("overlap_comm", z.overlap_comm);  // pydantic's conversions ("true"), else a type error
       }
     }
     if (r.get_bool("reduce_scatter", z.reduce_scatter) == Got::value && !z.reduce_scatter && z.stage == 3) {
@@ -253,15 +253,16 @@ void parse_aio(ObjectReader& top, Context& cx) {
   if (r.has("thread_count")) {
     std::int64_t threads = 1;
     if (r.get_int("thread_count", threads, IntRange::at_least(1)) == Got::value) {
+      // DeepSpeed ignores the key since v0.16.4, so both are lint: it is what DeepSpeed would drop.
       if (replacement) {
-        r.error("thread_count",
-                "deprecated 'thread_count' and its replacement 'intra_op_parallelism' are both given; "
-                "keep 'intra_op_parallelism'");
+        r.sink().lint(r.path_of("thread_count"),
+                      "ignored: DeepSpeed renamed it intra_op_parallelism in v0.16.4 and ignores it, and "
+                      "intra_op_parallelism is given; delete it");
       } else {
         a.intra_op_parallelism = threads;
-        r.warning("thread_count",
-                  "renamed intra_op_parallelism in DeepSpeed v0.16.4, which now ignores it; zero3 "
-                  "uses it as intra_op_parallelism");
+        r.sink().lint(r.path_of("thread_count"),
+                      "renamed intra_op_parallelism in DeepSpeed v0.16.4, which now ignores it; zero3 "
+                      "uses it as intra_op_parallelism");
       }
     }
   }

@@ -4,6 +4,7 @@ zero3_unit_test(config
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_config_parse.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_config_invalid.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_config_rules.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_config_corpus.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_config_syntax.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_config_removed.cpp
   LIBS zero3_config nlohmann_json::nlohmann_json)
