@@ -11,8 +11,9 @@ from its params on a stand-in optimizer. For files with "auto", also the verdict
 Trainer fills them in (HfTrainerDeepSpeedConfig with TrainingArguments that agree with the file's
 explicit values, a stand-in hidden size and a run length), then the same checks.
 
-Run with a Python that has deepspeed (and transformers for the HF verdict), outside the repository:
-  DS_ACCELERATOR=cpu /work/peers-venv/bin/python tools/ds-compat/ds_verdict.py tests/data/configs/corpus
+Run with a Python that has deepspeed 0.19.8 (and transformers for the HF verdict), e.g. a virtual
+environment outside the repository (pip install torch deepspeed==0.19.8 hjson transformers accelerate):
+  DS_ACCELERATOR=cpu VENV/bin/python tools/ds-compat/ds_verdict.py tests/data/configs/corpus
   ... --manifest tests/data/configs/corpus/manifest.json --check     # exit 1 when a verdict changed
   ... --manifest tests/data/configs/corpus/manifest.json --update    # rewrite the "deepspeed" fields
   ... --json                                                       # the verdicts as JSON
