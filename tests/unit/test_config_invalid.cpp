@@ -1,7 +1,5 @@
 // Invalid configs: each must be rejected with an error naming the offending JSON path (and saying what is
 // wrong). One row per rule; the base config around each mistake is otherwise valid.
-#include <fmt/format.h>
-
 #include <catch2/catch.hpp>
 #include <string>
 
@@ -353,41 +351,6 @@ TEST_CASE("hjson syntax is a warning, and an error under zero3.strict or --stric
   const ParseResult by_option = parse_config_text("{" + body + "}", strict);
   CHECK_FALSE(by_option.ok());
   CHECK(has(by_option.errors, "<config>", "line 1"));
-}
-
-TEST_CASE("every key DeepSpeed 0.19.8 removed is rejected, whatever its value", "[config][invalid]") {
-  // deepspeed/runtime/config.py, _REMOVED_TOP_LEVEL_CONFIG_KEYS and _REMOVED_ZERO_CONFIG_KEYS: the key's
-  // presence is the error, so {} and false are rejected as a full block is.
-  const char* top_level[] = {"amp",
-                             "nebula",
-                             "compression_training",
-                             "quantize_training",
-                             "sparse_gradients",
-                             "eigenvalue",
-                             "sparse_attention",
-                             "elasticity",
-                             "graph_harvesting",
-                             "curriculum_learning",
-                             "progressive_layer_drop"};
-  const char* zero[] = {"mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param"};
-  for (const char* value : {"{}", "false", "{\"enabled\": false}", "null"}) {
-    for (const char* key : top_level) {
-      INFO(key << ": " << value);
-      const ParseResult r = parse(fmt::format(R"({{"train_batch_size": 8, "{}": {}}})", key, value));
-      CHECK_FALSE(r.ok());
-      CHECK(has(r.errors, key, "removed in DeepSpeed 0.19.8"));
-    }
-    for (const char* key : zero) {
-      INFO(key << ": " << value);
-      const ParseResult r =
-          parse(fmt::format(R"({{"train_batch_size": 8, "zero_optimization": {{"stage": 3, "{}": {}}}}})", key, value));
-      CHECK_FALSE(r.ok());
-      CHECK(has(r.errors, std::string("zero_optimization.") + key, "removed in DeepSpeed 0.19.8"));
-    }
-  }
-  // The advice names what replaces the feature where something does.
-  CHECK(has(parse(R"({"train_batch_size": 8, "curriculum_learning": {}})").errors, "curriculum_learning",
-            "data_efficiency.data_sampling.curriculum_learning"));
 }
 
 TEST_CASE("all errors of a config are reported in one pass", "[config][invalid]") {
