@@ -3,9 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <optional>
-#include <unordered_map>
 #include <utility>
 
 #include "hjson_reader.hpp"
