@@ -128,13 +128,17 @@ struct CpuThreadPool::Impl {
       for (std::size_t k = 0; k < tiles; ++k) fn(k);
       return;
     }
+    // A static split: each thread runs one contiguous run of tiles, so each of the step's streams is one
+    // long sequential run per thread for the hardware prefetchers. Handing out single tiles dynamically
+    // measured 5-15% slower on a 100M-param AdamW step (2 threads, Zen 5): both threads then alternate
+    // over neighbouring 64 KiB pieces of every stream.
     arena->execute([&] {
       tbb::parallel_for(
           tbb::blocked_range<std::size_t>(0, tiles, 1),
           [&](const tbb::blocked_range<std::size_t>& r) {
             for (std::size_t k = r.begin(); k < r.end(); ++k) fn(k);
           },
-          tbb::simple_partitioner());
+          tbb::static_partitioner());
     });
   }
 };
