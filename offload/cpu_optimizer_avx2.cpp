@@ -45,26 +45,34 @@ struct Avx2 {
   }
 
   static void store(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static void store(bf16_t* p, F x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16(x)); }
+  static void store(fp16_t* p, F x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_fp16(x)); }
+  // Non-temporal: p is 8-element aligned (32 bytes for float, 16 for the 16-bit types).
+  static void stream(float* p, F x) { _mm256_stream_ps(p, x); }
+  static void stream(bf16_t* p, F x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_bf16(x)); }
+  static void stream(fp16_t* p, F x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_fp16(x)); }
+  static void stream(simd::NoParam*, F) {}
+  static void fence() { _mm_sfence(); }
   // dtype.hpp's float_to_bf16: round to nearest even on the bits; NaN keeps its sign and top payload,
   // quieted.
-  static void store(bf16_t* p, F x) {
+  static __m128i to_bf16(F x) {
     const __m256i u = _mm256_castps_si256(x);
     const __m256i hi = _mm256_srli_epi32(u, 16);
     const __m256i lsb = _mm256_and_si256(hi, set1i(1));
     const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, set1i(0x7fff)), lsb), 16);
     const __m256i quiet = _mm256_or_si256(hi, set1i(0x0040));
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow(_mm256_blendv_epi8(rounded, quiet, nan)));
+    return narrow(_mm256_blendv_epi8(rounded, quiet, nan));
   }
   // F16C rounds to nearest even with IEEE overflow to Inf and correctly rounded subnormals, as
   // float_to_fp16 does; NaN becomes sign | 0x7e00 there, F16C keeps payload bits, so NaN lanes are fixed.
-  static void store(fp16_t* p, F x) {
+  static __m128i to_fp16(F x) {
     const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
     const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 16), set1i(0x8000));
     const __m128i quiet = narrow(_mm256_or_si256(sign, set1i(0x7e00)));
     const __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     const __m128i nan = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_blendv_epi8(h, quiet, nan));
+    return _mm_blendv_epi8(h, quiet, nan);
   }
   static void store(simd::NoParam*, F) {}
 

@@ -46,26 +46,33 @@ struct Avx512 {
   }
 
   static void store(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static void store(bf16_t* p, F x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(x)); }
+  static void store(fp16_t* p, F x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_fp16(x)); }
+  // Non-temporal: p is 16-element aligned (64 bytes for float, 32 for the 16-bit types).
+  static void stream(float* p, F x) { _mm512_stream_ps(p, x); }
+  static void stream(bf16_t* p, F x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16(x)); }
+  static void stream(fp16_t* p, F x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_fp16(x)); }
+  static void stream(simd::NoParam*, F) {}
+  static void fence() { _mm_sfence(); }
   // dtype.hpp's float_to_bf16: round to nearest even on the bits; NaN keeps its sign and top payload,
   // quieted.
-  static void store(bf16_t* p, F x) {
+  static __m256i to_bf16(F x) {
     const __m512i u = _mm512_castps_si512(x);
     const __m512i hi = _mm512_srli_epi32(u, 16);
     const __m512i lsb = _mm512_and_si512(hi, set1i(1));
     const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, set1i(0x7fff)), lsb), 16);
     const __m512i quiet = _mm512_or_si512(hi, set1i(0x0040));
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
   }
   // F16C rounds to nearest even with IEEE overflow to Inf and correctly rounded subnormals, as
   // float_to_fp16 does; NaN becomes sign | 0x7e00 there, F16C keeps payload bits, so NaN lanes are fixed.
-  static void store(fp16_t* p, F x) {
+  static __m256i to_fp16(F x) {
     const __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 16), set1i(0x8000));
     const __m256i quiet = _mm512_cvtepi32_epi16(_mm512_or_si512(sign, set1i(0x7e00)));
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_mask_blend_epi16(nan, h, quiet));
+    return _mm256_mask_blend_epi16(nan, h, quiet);
   }
   static void store(simd::NoParam*, F) {}
 

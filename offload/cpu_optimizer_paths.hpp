@@ -7,7 +7,9 @@
 // inline function compiled in an AVX-512 file could otherwise be the copy the linker keeps.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "optim_math.hpp"
@@ -56,7 +58,9 @@ StepSpan span_tail(const StepSpan& s, std::size_t offset);
 // ---- The loop skeleton of the SIMD paths, written once over a vector backend V that each SIMD file
 // defines in an anonymous namespace (so every instantiation is local to its file and its -m flags):
 //   F (fp32 vector), D (double vector), kWidth (floats per F); set1, load (float, bf16_t, fp16_t),
-//   store (float, bf16_t, fp16_t; the NoParam overload does nothing), mul, add, sub, div, sqrt, sign_of,
+//   store (float, bf16_t, fp16_t; the NoParam overload does nothing), stream (the same as store, with a
+//   non-temporal store to an address aligned to kWidth elements), fence (orders the non-temporal stores
+//   before the stores that follow), mul, add, sub, div, sqrt, sign_of,
 //   each the single correctly rounded IEEE operation of optim_math.hpp's function of the same name;
 //   StatAcc: 16 double lanes, loaded from and stored to StatLanes, add(x, k) adding x's squares to the
 //   lanes of floats [k * kWidth, (k + 1) * kWidth) of a block of 16.
@@ -98,7 +102,17 @@ inline P* offset_ptr(P* p, std::size_t i) {
   }
 }
 
-template <typename V, bool kL2, bool kDecoupled, typename G, typename P>
+// The 16-bit (or fp32) copy's store: non-temporal when kStream.
+template <typename V, bool kStream, typename P>
+inline void put(P* p, typename V::F x) {
+  if constexpr (kStream) {
+    V::stream(p, x);
+  } else {
+    V::store(p, x);
+  }
+}
+
+template <typename V, bool kL2, bool kDecoupled, bool kStream, typename G, typename P>
 std::size_t adam_loop(const AdamCoeffs& c, float* p, float* m, float* v, const G* g, P* out, std::size_t n) {
   using F = typename V::F;
   const F grad_scale = V::set1(c.grad_scale), weight_decay = V::set1(c.weight_decay);
@@ -120,12 +134,12 @@ std::size_t adam_loop(const AdamCoeffs& c, float* p, float* m, float* v, const G
     V::store(p + i, pi);
     V::store(m + i, mi);
     V::store(v + i, vi);
-    V::store(offset_ptr(out, i), pi);
+    put<V, kStream>(offset_ptr(out, i), pi);
   }
   return i;
 }
 
-template <typename V, bool kDecay, typename G, typename P>
+template <typename V, bool kDecay, bool kStream, typename G, typename P>
 std::size_t lion_loop(const LionCoeffs& c, float* p, float* m, const G* g, P* out, std::size_t n) {
   using F = typename V::F;
   const F grad_scale = V::set1(c.grad_scale);
@@ -144,12 +158,12 @@ std::size_t lion_loop(const LionCoeffs& c, float* p, float* m, const G* g, P* ou
     const F mi = V::add(V::mul(beta2, m_old), V::mul(one_minus_beta2, gi));
     V::store(p + i, pi);
     V::store(m + i, mi);
-    V::store(offset_ptr(out, i), pi);
+    put<V, kStream>(offset_ptr(out, i), pi);
   }
   return i;
 }
 
-template <typename V, bool kL2, typename G, typename P>
+template <typename V, bool kL2, bool kStream, typename G, typename P>
 std::size_t adagrad_loop(const AdagradCoeffs& c, float* p, float* sum, const G* g, P* out, std::size_t n) {
   using F = typename V::F;
   const F grad_scale = V::set1(c.grad_scale), weight_decay = V::set1(c.weight_decay);
@@ -164,7 +178,7 @@ std::size_t adagrad_loop(const AdagradCoeffs& c, float* p, float* sum, const G* 
     pi = V::sub(pi, V::mul(lr, V::div(gi, V::add(V::sqrt(si), eps))));
     V::store(p + i, pi);
     V::store(sum + i, si);
-    V::store(offset_ptr(out, i), pi);
+    put<V, kStream>(offset_ptr(out, i), pi);
   }
   return i;
 }
@@ -203,46 +217,94 @@ std::size_t grad_stats_loop(const float* acc, std::size_t n, StatLanes& lanes) {
   return i;
 }
 
-// The path's kernels (its table's entries): whole vectors here, the tail on the scalar path.
+// Runs a fused step over span s: vector(span, std::bool_constant<kStream>) does whole vectors of its span
+// and returns how many elements it did, scalar(span) does any span. With stream_param, the elements before
+// the param copy's first kWidth-aligned address go to the scalar path, the vectors from there stream their
+// stores, and a fence orders those stores before whatever the caller writes next (a flag, a task's end).
+template <typename V, typename Vector, typename Scalar>
+void run_step(const StepSpan& s, const Vector& vector, const Scalar& scalar) {
+  bool stream = s.stream_param && s.param != nullptr;
+  std::size_t head = 0;
+  if (stream) {
+    const std::size_t elem = size_of(s.param_dtype);
+    const std::size_t align = V::kWidth * elem;
+    const auto addr = reinterpret_cast<std::uintptr_t>(s.param);
+    if (addr % elem != 0) {
+      stream = false;  // not element-aligned: no vector store address is aligned
+    } else {
+      head = std::min(s.count, (align - addr % align) % align / elem);
+    }
+  }
+  if (head > 0) {
+    StepSpan h = s;
+    h.count = head;
+    scalar(h);
+    if (head == s.count) return;
+  }
+  const StepSpan body = head > 0 ? span_tail(s, head) : s;
+  const std::size_t done = stream ? vector(body, std::true_type{}) : vector(body, std::false_type{});
+  if (stream) V::fence();
+  if (done < body.count) scalar(span_tail(body, done));
+}
+
+// The path's kernels (its table's entries): whole vectors here, the rest on the scalar path.
 template <typename V>
 void adam(const AdamCoeffs& c, const StepSpan& s) {
-  std::size_t done = 0;
-  with_step_types(s, [&](const auto* g, auto* out) {
-    if (c.l2) {
-      done = adam_loop<V, true, false>(c, s.master, s.exp_avg, s.exp_avg_sq, g, out, s.count);
-    } else if (c.decoupled) {
-      done = adam_loop<V, false, true>(c, s.master, s.exp_avg, s.exp_avg_sq, g, out, s.count);
-    } else {
-      done = adam_loop<V, false, false>(c, s.master, s.exp_avg, s.exp_avg_sq, g, out, s.count);
-    }
-  });
-  if (done < s.count) kScalarKernels.adam(c, span_tail(s, done));
+  run_step<V>(
+      s,
+      [&](const StepSpan& b, auto stream) {
+        constexpr bool kStream = decltype(stream)::value;
+        std::size_t done = 0;
+        with_step_types(b, [&](const auto* g, auto* out) {
+          if (c.l2) {
+            done = adam_loop<V, true, false, kStream>(c, b.master, b.exp_avg, b.exp_avg_sq, g, out, b.count);
+          } else if (c.decoupled) {
+            done = adam_loop<V, false, true, kStream>(c, b.master, b.exp_avg, b.exp_avg_sq, g, out, b.count);
+          } else {
+            done = adam_loop<V, false, false, kStream>(c, b.master, b.exp_avg, b.exp_avg_sq, g, out, b.count);
+          }
+        });
+        return done;
+      },
+      [&](const StepSpan& t) { kScalarKernels.adam(c, t); });
 }
 
 template <typename V>
 void lion(const LionCoeffs& c, const StepSpan& s) {
-  std::size_t done = 0;
-  with_step_types(s, [&](const auto* g, auto* out) {
-    if (c.decay) {
-      done = lion_loop<V, true>(c, s.master, s.exp_avg, g, out, s.count);
-    } else {
-      done = lion_loop<V, false>(c, s.master, s.exp_avg, g, out, s.count);
-    }
-  });
-  if (done < s.count) kScalarKernels.lion(c, span_tail(s, done));
+  run_step<V>(
+      s,
+      [&](const StepSpan& b, auto stream) {
+        constexpr bool kStream = decltype(stream)::value;
+        std::size_t done = 0;
+        with_step_types(b, [&](const auto* g, auto* out) {
+          if (c.decay) {
+            done = lion_loop<V, true, kStream>(c, b.master, b.exp_avg, g, out, b.count);
+          } else {
+            done = lion_loop<V, false, kStream>(c, b.master, b.exp_avg, g, out, b.count);
+          }
+        });
+        return done;
+      },
+      [&](const StepSpan& t) { kScalarKernels.lion(c, t); });
 }
 
 template <typename V>
 void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
-  std::size_t done = 0;
-  with_step_types(s, [&](const auto* g, auto* out) {
-    if (c.l2) {
-      done = adagrad_loop<V, true>(c, s.master, s.exp_avg_sq, g, out, s.count);
-    } else {
-      done = adagrad_loop<V, false>(c, s.master, s.exp_avg_sq, g, out, s.count);
-    }
-  });
-  if (done < s.count) kScalarKernels.adagrad(c, span_tail(s, done));
+  run_step<V>(
+      s,
+      [&](const StepSpan& b, auto stream) {
+        constexpr bool kStream = decltype(stream)::value;
+        std::size_t done = 0;
+        with_step_types(b, [&](const auto* g, auto* out) {
+          if (c.l2) {
+            done = adagrad_loop<V, true, kStream>(c, b.master, b.exp_avg_sq, g, out, b.count);
+          } else {
+            done = adagrad_loop<V, false, kStream>(c, b.master, b.exp_avg_sq, g, out, b.count);
+          }
+        });
+        return done;
+      },
+      [&](const StepSpan& t) { kScalarKernels.adagrad(c, t); });
 }
 
 template <typename V>

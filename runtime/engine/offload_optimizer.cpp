@@ -279,6 +279,9 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     if (chunks_.empty()) return;
     worker_.drain();
     const offload::SimdPath simd = host_.simd();
+    std::size_t host_elems = 0;
+    for (const HostChunk& c : chunks_) host_elems += c.count;
+    const bool stream_params = host_elems * size_of(compute_dtype_) >= offload::kStreamParamMinBytes;
     for (HostChunk& c : chunks_) {
       void* out = nullptr;
       if (params_on_device_) {
@@ -301,7 +304,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
             const std::size_t sb = std::max(tb, seg->offset);
             const std::size_t se = std::min(te, seg->offset + seg->count);
             if (sb >= se) continue;
-            step_range(simd, args, *seg, c, sb - c.offset, se - sb, out);
+            step_range(simd, args, *seg, c, sb - c.offset, se - sb, out, stream_params);
           }
         });
         timeline_.host(Timeline::Lane::cpu, start, Timeline::Clock::now());
@@ -419,7 +422,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   }
 
   void step_range(offload::SimdPath simd, const OptimizerStepArgs& args, const StateSegment& seg, HostChunk& c,
-                  std::size_t local, std::size_t n, void* params_base) {
+                  std::size_t local, std::size_t n, void* params_base, bool stream_params) {
     const auto lr = static_cast<float>(args.lr * seg.lr_scale);
     const auto wd = static_cast<float>(seg.weight_decay ? config_.weight_decay : 0.0);
     offload::StepSpan span;
@@ -431,6 +434,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     span.param = static_cast<std::byte*>(params_base) + local * size_of(compute_dtype_);  // the chunk's params
     span.param_dtype = compute_dtype_;
     span.count = n;
+    span.stream_param = stream_params;
     switch (config_.type) {
       case OptimizerType::adam:
       case OptimizerType::adamw:

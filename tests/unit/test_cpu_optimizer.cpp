@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -547,6 +548,50 @@ TEST_CASE("cpu optimizer: the SIMD path equals the scalar path bit for bit", "[o
     StepData got = input;
     run_path(path, c, got);
     check_same_step(got, want);
+  });
+}
+
+TEST_CASE("cpu optimizer: streamed param stores give the scalar path's bits at every alignment of the copy",
+          "[offload][simd]") {
+  const SimdPath path = simd_path_under_test();
+  INFO("path " << offload::simd_path_name(path) << " with stream_param vs scalar path");
+  for_each_step_case([&](const OptCase& c, const StepData& input, const StepData& want) {
+    if (!input.param_dtype) return;
+    const std::size_t elem = zero3::size_of(*input.param_dtype);
+    // Offsets 0..16 elements into a 64-byte-aligned buffer: every start a vector store can have, including
+    // none aligned within a short span; guard bytes on both sides must stay as they were.
+    for (std::size_t offset = 0; offset <= 16; ++offset) {
+      INFO("param offset " << offset << " elements");
+      StepData got = input;
+      constexpr std::uint8_t kGuard = 0xa5;
+      std::vector<std::uint8_t> storage((input.count + 32) * elem + 64, kGuard);
+      const auto base_addr = reinterpret_cast<std::uintptr_t>(storage.data());
+      std::uint8_t* base = storage.data() + (64 - base_addr % 64) % 64;
+      const std::span<std::uint8_t> buf(base, (input.count + 32) * elem);
+      std::uint8_t* param = buf.data() + offset * elem;
+      std::memcpy(param, input.param.data(), input.count * elem);
+      StepSpan span = got.span();
+      span.param = param;
+      span.stream_param = true;
+      switch (c.opt) {
+        case Opt::adam:
+          offload::adam_range(path, c.adam, span);
+          break;
+        case Opt::lion:
+          offload::lion_range(path, c.lion, span);
+          break;
+        case Opt::adagrad:
+          offload::adagrad_range(path, c.adagrad, span);
+          break;
+      }
+      std::memcpy(got.param.data(), param, input.count * elem);
+      check_same_step(got, want);
+      bool guards_intact = true;
+      for (std::size_t i = 0; i < offset * elem; ++i) guards_intact = guards_intact && buf[i] == kGuard;
+      for (std::size_t i = (offset + input.count) * elem; i < buf.size(); ++i)
+        guards_intact = guards_intact && buf[i] == kGuard;
+      CHECK(guards_intact);
+    }
   });
 }
 

@@ -39,7 +39,17 @@ struct StepSpan {
   void* param = nullptr;
   DType param_dtype = DType::bf16;
   std::size_t count = 0;
+  // Write param with non-temporal stores, which go to memory without reading each line first (a plain
+  // store to a line not in cache reads it: 2 bytes more per element for a bf16 copy) and leave the caches
+  // to the streams that are read. For copies larger than the caches, whose next reader (a copy to the
+  // device, the next gather) finds them in memory anyway: set it when the whole step's copy is at least
+  // kStreamParamMinBytes. The values written are the same either way.
+  bool stream_param = false;
 };
+
+// The size of a step's 16-bit copy from which StepSpan::stream_param pays: more than a core's L2 and a
+// good part of a shared L3.
+inline constexpr std::size_t kStreamParamMinBytes = std::size_t{8} << 20;
 
 // One pass per element: read the gradient, scale it by args.grad_scale (unscale and clip), update the
 // master weight and the state, write the low-precision weight. Single-threaded over the span.
