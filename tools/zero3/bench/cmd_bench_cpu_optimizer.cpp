@@ -1,8 +1,9 @@
 // `zero3 bench cpu-optimizer`: zero3's fused CPU optimizer step (zero3/offload/cpu_optimizer.hpp) timed side by
-// side with its memory bound (the same loads and stores, trivial arithmetic) and with the unfused pass
-// sequence DeepSpeed runs for a 16-bit ZeRO-Offload step (grad norm, unscale + clip, optimizer, cast),
-// all three on one thread pool, one tiling and one SIMD path, repeats interleaved; optionally next to
-// torch.optim.AdamW figures from tools/bench/torch_adamw.py --json. One size's buffers at a time.
+// side with STREAM's triad on the same buffers (the machine's streaming bandwidth), with its memory bound (the
+// step's loads and stores, trivial arithmetic) and with the unfused pass sequence DeepSpeed runs for a 16-bit
+// ZeRO-Offload step (grad norm, unscale + clip, optimizer, cast), all on one thread pool, one tiling and one SIMD
+// path, repeats interleaved; optionally next to torch.optim.AdamW figures from tools/bench/torch_adamw.py --json.
+// One size's buffers at a time.
 #include <fmt/format.h>
 #include <sys/mman.h>
 
@@ -154,6 +155,7 @@ struct StepBuffers {
     s.param = param.as<std::uint16_t>() + begin;
     s.param_dtype = DType::bf16;
     s.count = end - begin;
+    s.stream_param = count * 2 >= offload::kStreamParamMinBytes;  // as the engine sets it for its steps
     return s;
   }
 
@@ -253,6 +255,21 @@ class PathRunner {
     return seconds_since(t0);
   }
 
+  // STREAM's triad over three of the step's own arrays: exp_avg (master for Adagrad, which has none) =
+  // grad + zero * master (or sum). The first triad leaves the gradients in that array, finite values the
+  // steps run on as well as on any.
+  double triad() {
+    const float zero = zero_;
+    float* a = uses_exp_avg(o_) ? b_.exp_avg.as<float>() : b_.master.as<float>();
+    const float* c = uses_exp_avg(o_) ? b_.master.as<float>() : b_.exp_avg_sq.as<float>();
+    const float* g = b_.grad.as<float>();
+    const auto t0 = Clock::now();
+    pool_.for_tiles(b_.count, kTile, [&](std::size_t begin, std::size_t end) {
+      triad_range(path_, a + begin, g + begin, c + begin, zero, end - begin);
+    });
+    return seconds_since(t0);
+  }
+
   // zero3's step: one pass. Its grad_scale comes from the norm zero3 takes while accumulating gradients
   // (offload::accumulate_range with want_stats), a pass that exists anyway, so no norm pass here.
   double fused(float grad_scale) {
@@ -322,7 +339,7 @@ class PathRunner {
 struct SizeResult {
   std::size_t params = 0;
   int repeats = 0;
-  double bound_s = 0, fused_s = 0;
+  double bound_s = 0, fused_s = 0, triad_s = 0;
   UnfusedTimes unfused;  // the repeat with the best total
   std::optional<double> torch_gparams;
   std::string torch_variant;
@@ -344,6 +361,7 @@ SizeResult run_size(offload::CpuThreadPool& pool, SimdPath path, BenchOptimizer 
   // One untimed round (page faults, frequency ramp), then interleaved repeats, the order rotating so
   // that no path always runs right after another with a warm cache.
   const auto warm0 = Clock::now();
+  runner.triad();
   runner.bound();
   runner.fused(grad_scale);
   runner.unfused();
@@ -355,16 +373,19 @@ SizeResult run_size(offload::CpuThreadPool& pool, SimdPath path, BenchOptimizer 
   SizeResult r;
   r.params = n;
   r.repeats = repeats;
-  r.bound_s = r.fused_s = std::numeric_limits<double>::infinity();
+  r.bound_s = r.fused_s = r.triad_s = std::numeric_limits<double>::infinity();
   r.unfused.norm = std::numeric_limits<double>::infinity();
   for (int rep = 0; rep < repeats; ++rep) {
-    for (int k = 0; k < 3; ++k) {
-      switch ((rep + k) % 3) {
+    for (int k = 0; k < 4; ++k) {
+      switch ((rep + k) % 4) {
         case 0:
           r.bound_s = std::min(r.bound_s, runner.bound());
           break;
         case 1:
           r.fused_s = std::min(r.fused_s, runner.fused(grad_scale));
+          break;
+        case 2:
+          r.triad_s = std::min(r.triad_s, runner.triad());
           break;
         default: {
           const UnfusedTimes t = runner.unfused();
@@ -419,6 +440,7 @@ std::map<std::size_t, TorchFigure> read_torch_json(const std::string& path) {
 struct Derived {
   double bound_gbps, fused_gbps, unfused_gbps, unfused_effective_gbps;
   double fused_gparams, unfused_gparams, fused_over_bound, fused_over_unfused;
+  double triad_gbps, fused_over_triad;  // fused GB/s over triad GB/s, each counted its own way
 };
 
 Derived derive(const SizeResult& r, BenchOptimizer o) {
@@ -426,8 +448,11 @@ Derived derive(const SizeResult& r, BenchOptimizer o) {
   const double fb = static_cast<double>(fused_bytes(o).total()) * n;
   const double ub = static_cast<double>(unfused_bytes(o).total()) * n;
   const double ut = r.unfused.total();
-  return {fb / r.bound_s / 1e9, fb / r.fused_s / 1e9, ub / ut / 1e9,         fb / ut / 1e9,
-          n / r.fused_s / 1e9,  n / ut / 1e9,         r.bound_s / r.fused_s, ut / r.fused_s};
+  const double triad_gbps = static_cast<double>(kTriadBytesPerElem) * n / r.triad_s / 1e9;
+  const double fused_gbps = fb / r.fused_s / 1e9;
+  return {
+      fb / r.bound_s / 1e9,  fused_gbps,     ub / ut / 1e9, fb / ut / 1e9,          n / r.fused_s / 1e9, n / ut / 1e9,
+      r.bound_s / r.fused_s, ut / r.fused_s, triad_gbps,    fused_gbps / triad_gbps};
 }
 
 struct Skipped {
@@ -444,6 +469,8 @@ void print_json(const std::vector<SizeResult>& results, const std::vector<Skippe
     nlohmann::ordered_json e;
     e["params"] = r.params;
     e["threads"] = threads;
+    e["triad_gbps"] = d.triad_gbps;
+    e["fused_over_triad"] = d.fused_over_triad;
     e["bound_gbps"] = d.bound_gbps;
     e["fused_gbps"] = d.fused_gbps;
     e["unfused_gbps"] = d.unfused_gbps;
@@ -458,6 +485,7 @@ void print_json(const std::vector<SizeResult>& results, const std::vector<Skippe
     e["unfused_effective_gbps"] = d.unfused_effective_gbps;
     e["fused_bytes_per_param"] = fused_bytes(o).total();
     e["unfused_bytes_per_param"] = unfused_bytes(o).total();
+    e["triad_ms"] = r.triad_s * 1e3;
     e["bound_ms"] = r.bound_s * 1e3;
     e["fused_ms"] = r.fused_s * 1e3;
     e["unfused_ms"] = {{"total", r.unfused.total() * 1e3},
@@ -491,11 +519,12 @@ void print_table(const std::vector<SizeResult>& results, const std::vector<Skipp
   fmt::print(
       "bytes/param: fused and bound {} ({} loaded + {} stored); unfused {} (norm 4 + unscale 8 + {} {} + cast 6)\n\n",
       fb.total(), fb.loaded, fb.stored, ub.total(), name, fb.total() - 2);
-  std::string head =
-      fmt::format("{:>8} {:>3} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}", "params", "thr", "simd", "bound",
-                  "fused", "unfused", "unf.eff", "fused", "unfused", "fused/", "fused/");
-  std::string head2 = fmt::format("{:>8} {:>3} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}", "", "", "",
-                                  "GB/s", "GB/s", "GB/s", "GB/s", "Gpar/s", "Gpar/s", "bound", "unfused");
+  std::string head = fmt::format("{:>8} {:>3} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7}",
+                                 "params", "thr", "simd", "triad", "bound", "fused", "unfused", "unf.eff", "fused",
+                                 "unfused", "fused/", "fused/", "fused/");
+  std::string head2 =
+      fmt::format("{:>8} {:>3} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7}", "", "", "", "GB/s",
+                  "GB/s", "GB/s", "GB/s", "GB/s", "Gpar/s", "Gpar/s", "triad", "bound", "unfused");
   if (with_torch) {
     head += fmt::format(" {:>8} {:>7}  {}", "torch", "fused/", "torch variant");
     head2 += fmt::format(" {:>8} {:>7}", "Gpar/s", "torch");
@@ -504,9 +533,10 @@ void print_table(const std::vector<SizeResult>& results, const std::vector<Skipp
   for (const SizeResult& r : results) {
     const Derived d = derive(r, o);
     std::string line = fmt::format(
-        "{:>8} {:>3} {:>6} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.3f} {:>8.3f} {:>7.3f} {:>7.2f}",
-        count_label(r.params), threads, offload::simd_path_name(path), d.bound_gbps, d.fused_gbps, d.unfused_gbps,
-        d.unfused_effective_gbps, d.fused_gparams, d.unfused_gparams, d.fused_over_bound, d.fused_over_unfused);
+        "{:>8} {:>3} {:>6} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.3f} {:>8.3f} {:>7.3f} {:>7.3f} {:>7.2f}",
+        count_label(r.params), threads, offload::simd_path_name(path), d.triad_gbps, d.bound_gbps, d.fused_gbps,
+        d.unfused_gbps, d.unfused_effective_gbps, d.fused_gparams, d.unfused_gparams, d.fused_over_triad,
+        d.fused_over_bound, d.fused_over_unfused);
     if (with_torch) {
       if (r.torch_gparams) {
         line += fmt::format(" {:>8.3f} {:>7.2f}  {}", *r.torch_gparams, d.fused_gparams / *r.torch_gparams,
@@ -521,19 +551,23 @@ void print_table(const std::vector<SizeResult>& results, const std::vector<Skipp
   fmt::print("\ntimes (ms, best of the repeats):\n");
   for (const SizeResult& r : results) {
     fmt::print(
-        "{:>8} x {:>2}: bound {:.2f}, fused {:.2f}, unfused {:.2f} = norm {:.2f} + unscale {:.2f} + {} {:.2f} + cast "
-        "{:.2f}\n",
-        count_label(r.params), r.repeats, r.bound_s * 1e3, r.fused_s * 1e3, r.unfused.total() * 1e3,
+        "{:>8} x {:>2}: triad {:.2f}, bound {:.2f}, fused {:.2f}, unfused {:.2f} = norm {:.2f} + unscale {:.2f} + {} "
+        "{:.2f} + cast {:.2f}\n",
+        count_label(r.params), r.repeats, r.triad_s * 1e3, r.bound_s * 1e3, r.fused_s * 1e3, r.unfused.total() * 1e3,
         r.unfused.norm * 1e3, r.unfused.unscale * 1e3, name, r.unfused.optimizer * 1e3, r.unfused.cast * 1e3);
   }
   fmt::print(
       "\nlegend:\n"
+      "  triad        STREAM's triad a = b + s c over three of the step's fp32 arrays, same pool and tiles: the "
+      "machine's\n"
+      "               streaming bandwidth, counted as STREAM counts it (12 B/element, no write-allocate read)\n"
       "  bound        the fused step's loads and stores with trivial arithmetic, same pool, tiles and SIMD path\n"
       "  fused        zero3 offload::{}_range over CpuThreadPool::for_tiles: one pass, unscale+clip folded in\n"
       "               (the grad norm comes from the gradient-accumulation pass, so it is not timed here)\n"
       "  unfused      DeepSpeed's 16-bit ZeRO-Offload sequence: norm, unscale+clip, {} (no 16-bit copy), cast\n"
       "  GB/s         bytes/param above x params / time; bound and fused use the fused bytes, unfused its own\n"
       "  unf.eff      fused bytes / unfused time: the bandwidth the unfused sequence delivers for the same step\n"
+      "  fused/triad  fused GB/s over triad GB/s\n"
       "  Gpar/s       1e9 params per second; fused/bound = bound time / fused time; fused/unfused = unfused "
       "time / fused time\n",
       name == "adamw" ? "adam" : name, name);

@@ -188,6 +188,22 @@ ZERO3_TARGET_AVX2 double sum_squares_avx2(const float* x, std::size_t n) {
   return sum + sum_squares_scalar(x, i, n);
 }
 
+ZERO3_TARGET_AVX512 void triad_avx512(float* a, const float* b, const float* c, float s, std::size_t n) {
+  const __m512 sv = _mm512_set1_ps(s);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(a + i, _mm512_add_ps(_mm512_loadu_ps(b + i), _mm512_mul_ps(sv, _mm512_loadu_ps(c + i))));
+  for (; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+ZERO3_TARGET_AVX2 void triad_avx2(float* a, const float* b, const float* c, float s, std::size_t n) {
+  const __m256 sv = _mm256_set1_ps(s);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(b + i), _mm256_mul_ps(sv, _mm256_loadu_ps(c + i))));
+  for (; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
 ZERO3_TARGET_AVX512 void scale_avx512(float* x, float alpha, std::size_t n) {
   const __m512 a = _mm512_set1_ps(alpha);
   std::size_t i = 0;
@@ -275,6 +291,19 @@ double sum_squares_range(offload::SimdPath path, const float* x, std::size_t cou
 #endif
     default:
       return sum_squares_scalar(x, 0, count);
+  }
+}
+
+void triad_range(offload::SimdPath path, float* a, const float* b, const float* c, float s, std::size_t count) {
+  switch (path) {
+#if defined(ZERO3_BENCH_X86)
+    case offload::SimdPath::avx512:
+      return triad_avx512(a, b, c, s, count);
+    case offload::SimdPath::avx2:
+      return triad_avx2(a, b, c, s, count);
+#endif
+    default:
+      for (std::size_t i = 0; i < count; ++i) a[i] = b[i] + s * c[i];
   }
 }
 

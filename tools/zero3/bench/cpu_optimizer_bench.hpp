@@ -40,6 +40,12 @@ BytesPerParam unfused_bytes(BenchOptimizer o);
 // were (repeats see the same values) but the compiler cannot drop the work.
 void bound_range(offload::SimdPath path, BenchOptimizer o, const offload::StepSpan& span, float zero);
 
+// STREAM's triad, a[i] = b[i] + s * c[i] over fp32 arrays: the machine's streaming bandwidth as STREAM
+// measures it, on buffers allocated, placed and tiled as the step's are. STREAM counts 12 bytes per
+// element (two loads, one store; the write-allocate read of `a` is not counted).
+void triad_range(offload::SimdPath path, float* a, const float* b, const float* c, float s, std::size_t count);
+inline constexpr std::size_t kTriadBytesPerElem = 12;
+
 // Unfused pass (a): the sum of x[i]^2, in fp32 lanes, returned as double.
 double sum_squares_range(offload::SimdPath path, const float* x, std::size_t count);
 // Unfused pass (b): x[i] *= alpha.
