@@ -9,6 +9,7 @@ packages=(
   libtbb-dev nlohmann-json3-dev catch2 libhwloc-dev
   libopenmpi-dev openmpi-bin
   libcli11-dev libfmt-dev libxxhash-dev libopenblas-dev
+  libdnnl-dev  # runtime/models: bf16 (and fp32) matrix products of the host models (optional: ZERO3_WITH_ONEDNN)
 )
 
 missing=()

@@ -1,17 +1,20 @@
 // The GPT's units, param specs and the unit-by-unit forward and backward over the host kernels of
 // gpt_ops. Backward runs the residual stream's gradient through one buffer, in place: each block adds its
-// branches' input gradients to it, so no per-unit gradient copies are made.
+// branches' input gradients to it, so no per-unit gradient copies are made. The four matrix weights of a
+// block and lm_head may come in bf16 (params16): their layers then run bf16 products.
 #include "zero3/models/gpt.hpp"
 
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "gpt_ops.hpp"
 #include "host_adapter.hpp"
+#include "host_gemm.hpp"
+#include "host_parallel.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models {
@@ -44,6 +47,10 @@ enum BlockParam : std::size_t {
 Index idx(int v) {
   return static_cast<Index>(v);
 }
+
+// Rows per chunk of the embedding's loops, columns per block of its gradient's (the pool's chunking).
+constexpr Index kEmbedRowChunk = 16;
+constexpr Index kEmbedColChunk = 32;
 
 ParamSpec weight(std::string name, int rows, int cols, double std) {
   ParamSpec p;
@@ -121,11 +128,16 @@ std::size_t gpt_num_params(const GptConfig& config) {
 
 void set_blas_threads(int threads) {
   if (threads < 1) throw UsageError(fmt::format("set_blas_threads: threads must be >= 1, got {}", threads));
-  openblas_set_num_threads(threads);
+  par::set_threads(threads);
+  gemm::configure_backends();
 }
 
 int blas_threads() {
-  return openblas_get_num_threads();
+  return par::threads();
+}
+
+bool host_bf16_products() {
+  return gemm::bf16_native();
 }
 
 // ---- GptModel ----------------------------------------------------------------------------------------
@@ -180,7 +192,63 @@ void GptModel<T>::check_unit_params(const char* what, std::size_t unit, std::siz
 }
 
 template <typename T>
-void GptModel<T>::forward_unit(std::size_t unit, std::span<const T* const> params) {
+bool GptModel<T>::bf16_operand(std::size_t unit, std::size_t k) const {
+  if (unit == 0 || unit >= num_units()) return false;
+  if (unit + 1 == num_units()) return k == 2;  // lm_head.weight
+  return k == kQkvWeight || k == kAttnProjWeight || k == kFcWeight || k == kMlpProjWeight;
+}
+
+template <typename T>
+void GptModel<T>::take_params16(const char* what, std::size_t unit, std::span<const T* const> params,
+                                std::span<const bf16_t* const> params16) {
+  if (!params16.empty() && params16.size() != params.size()) {
+    throw UsageError(
+        fmt::format("GptModel::{}: unit {}: {} bf16 params for {} params", what, unit, params16.size(), params.size()));
+  }
+  w16_.assign(params.size(), nullptr);
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const bf16_t* p16 = params16.empty() ? nullptr : params16[k];
+    if (p16 != nullptr) {
+      if (!std::is_same_v<T, float> || !bf16_operand(unit, k) || !gemm::bf16_native()) {
+        throw UsageError(fmt::format(
+            "GptModel::{}: unit {} param {}: a bf16 copy is taken only for a matrix weight of GptModel<float> on a "
+            "CPU with bf16 products (bf16_operand, host_bf16_products)",
+            what, unit, k));
+      }
+      w16_[k] = p16;
+      continue;
+    }
+    if (params[k] == nullptr) throw UsageError(fmt::format("GptModel::{}: unit {} param {} is null", what, unit, k));
+  }
+}
+
+template <typename T>
+void GptModel<T>::linear_fwd(std::span<const T* const> p, std::size_t k, const T* bias, const T* x, T* y, Index rows,
+                             Index in, Index out) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (w16_[k] != nullptr) {
+      ops::linear_forward_bf16(x, w16_[k], bias, y, rows, in, out, round_x_);
+      return;
+    }
+  }
+  ops::linear_forward(x, p[k], bias, y, rows, in, out);
+}
+
+template <typename T>
+void GptModel<T>::linear_bwd(std::span<const T* const> p, std::size_t k, const T* x, const T* dy, T* dx, T* dw,
+                             T* dbias, Index rows, Index in, Index out) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (w16_[k] != nullptr) {
+      ops::linear_backward_bf16(x, w16_[k], dy, dx, false, dw, dbias, rows, in, out, round_x_, round_dy_);
+      return;
+    }
+  }
+  ops::linear_backward(x, p[k], dy, dx, false, dw, dbias, rows, in, out);
+}
+
+template <typename T>
+void GptModel<T>::forward_unit(std::size_t unit, std::span<const T* const> params,
+                               std::span<const bf16_t* const> params16) {
   if (unit != next_forward_ || unit >= num_units() || len_ == 0) {
     throw UsageError(
         fmt::format("GptModel::forward_unit: unit {} called, expected unit {} (units run in order "
@@ -188,10 +256,7 @@ void GptModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
                     unit, next_forward_));
   }
   check_unit_params("forward_unit", unit, params.size());
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    if (params[k] == nullptr)
-      throw UsageError(fmt::format("GptModel::forward_unit: unit {} param {} is null", unit, k));
-  }
+  take_params16("forward_unit", unit, params, params16);
   const Index rows = idx(batch_) * idx(len_);
   const Index d = idx(config_.hidden);
   const bool train = pass_ == Pass::train;
@@ -216,15 +281,15 @@ void GptModel<T>::forward_embed(std::span<const T* const> params, T* out) {
   const Index d = idx(config_.hidden);
   const T* wte = params[0];
   const T* wpe = params[1];
-  for (Index s = 0; s < idx(batch_); ++s) {
-    for (Index t = 0; t < idx(len_); ++t) {
-      const Index r = s * idx(len_) + t;
+  const Index rows = idx(batch_) * idx(len_);
+  par::for_chunks(rows, kEmbedRowChunk, [&](Index, Index begin, Index end) {
+    for (Index r = begin; r < end; ++r) {
       const T* tok = wte + idx(tokens_[r]) * d;
-      const T* pos = wpe + t * d;
+      const T* pos = wpe + (r % idx(len_)) * d;
       T* o = out + r * d;
       for (Index k = 0; k < d; ++k) o[k] = tok[k] + pos[k];
     }
-  }
+  });
 }
 
 template <typename T>
@@ -238,22 +303,22 @@ void GptModel<T>::forward_block(BlockActs& a, std::span<const T* const> p, const
   a.ln1_stat.resize(2 * rows);
   ops::layernorm_forward(in, p[kLn1Weight], p[kLn1Bias], a.ln1.data(), a.ln1_stat.data(), rows, d);
   a.qkv.resize(rows * 3 * d);
-  ops::linear_forward(a.ln1.data(), p[kQkvWeight], p[kQkvBias], a.qkv.data(), rows, d, 3 * d);
+  linear_fwd(p, kQkvWeight, p[kQkvBias], a.ln1.data(), a.qkv.data(), rows, d, 3 * d);
   a.prob.resize(idx(batch_) * heads * len * len);
   a.att.resize(rows * d);
   ops::attention_forward(a.qkv.data(), a.prob.data(), a.att.data(), idx(batch_), len, heads, idx(config_.head_dim()));
   a.res1.resize(rows * d);
-  ops::linear_forward(a.att.data(), p[kAttnProjWeight], p[kAttnProjBias], a.res1.data(), rows, d, d);
-  for (Index i = 0; i < rows * d; ++i) a.res1[i] += in[i];
+  linear_fwd(p, kAttnProjWeight, p[kAttnProjBias], a.att.data(), a.res1.data(), rows, d, d);
+  ops::add_inplace(a.res1.data(), in, rows * d);
   a.ln2.resize(rows * d);
   a.ln2_stat.resize(2 * rows);
   ops::layernorm_forward(a.res1.data(), p[kLn2Weight], p[kLn2Bias], a.ln2.data(), a.ln2_stat.data(), rows, d);
   a.fc.resize(rows * f);
-  ops::linear_forward(a.ln2.data(), p[kFcWeight], p[kFcBias], a.fc.data(), rows, d, f);
+  linear_fwd(p, kFcWeight, p[kFcBias], a.ln2.data(), a.fc.data(), rows, d, f);
   a.gelu.resize(rows * f);
   ops::gelu_forward(a.fc.data(), a.gelu.data(), rows * f);
-  ops::linear_forward(a.gelu.data(), p[kMlpProjWeight], p[kMlpProjBias], out, rows, f, d);
-  for (Index i = 0; i < rows * d; ++i) out[i] += a.res1[i];
+  linear_fwd(p, kMlpProjWeight, p[kMlpProjBias], a.gelu.data(), out, rows, f, d);
+  ops::add_inplace(out, a.res1.data(), rows * d);
 }
 
 template <typename T>
@@ -265,7 +330,7 @@ void GptModel<T>::forward_head(std::span<const T* const> p, const T* in) {
   lnf_stat_.resize(2 * rows);
   ops::layernorm_forward(in, p[0], p[1], lnf_.data(), lnf_stat_.data(), rows, d);
   logits_.resize(rows * vocab);
-  ops::linear_forward<T>(lnf_.data(), p[2], nullptr, logits_.data(), rows, d, vocab);
+  linear_fwd(p, 2, nullptr, lnf_.data(), logits_.data(), rows, d, vocab);
   position_loss_.resize(rows);
   const T total = ops::cross_entropy_forward(logits_.data(), targets_.data(), position_loss_.data(), rows, vocab);
   loss_ = total / static_cast<T>(rows);
@@ -273,7 +338,7 @@ void GptModel<T>::forward_head(std::span<const T* const> p, const T* in) {
 
 template <typename T>
 void GptModel<T>::backward_unit(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads,
-                                T seed_scale) {
+                                T seed_scale, std::span<const bf16_t* const> params16) {
   if (pass_ != Pass::train) {
     throw UsageError(
         fmt::format("GptModel::backward_unit: unit {} after an eval pass (set_batch with Pass::train)", unit));
@@ -286,14 +351,14 @@ void GptModel<T>::backward_unit(std::size_t unit, std::span<const T* const> para
         next_backward_ == 0 ? std::string("no backward is due") : fmt::format("unit {} is next", next_backward_ - 1)));
   }
   check_unit_params("backward_unit", unit, params.size());
+  take_params16("backward_unit", unit, params, params16);
   if (grads.size() != params.size()) {
     throw UsageError(fmt::format("GptModel::backward_unit: unit {} takes one gradient per param ({}), got {}", unit,
                                  params.size(), grads.size()));
   }
   for (std::size_t k = 0; k < params.size(); ++k) {
-    if (params[k] == nullptr || grads[k] == nullptr) {
-      throw UsageError(fmt::format("GptModel::backward_unit: unit {} param or gradient {} is null", unit, k));
-    }
+    if (grads[k] == nullptr)
+      throw UsageError(fmt::format("GptModel::backward_unit: unit {} gradient {} is null", unit, k));
   }
   if (unit == 0) {
     backward_embed(grads);
@@ -315,7 +380,7 @@ void GptModel<T>::backward_head(std::span<const T* const> p, std::span<T* const>
   ops::cross_entropy_backward(logits_.data(), targets_.data(), logits_.data(), rows, vocab,
                               seed_scale / static_cast<T>(rows));
   dnarrow_.resize(rows * d);
-  ops::linear_backward<T>(lnf_.data(), p[2], logits_.data(), dnarrow_.data(), false, g[2], nullptr, rows, d, vocab);
+  linear_bwd(p, 2, lnf_.data(), logits_.data(), dnarrow_.data(), g[2], nullptr, rows, d, vocab);
   dresidual_.assign(rows * d, T(0));
   ops::layernorm_backward(residual_[idx(config_.layers)].data(), p[0], lnf_stat_.data(), dnarrow_.data(),
                           dresidual_.data(), g[0], g[1], rows, d);
@@ -332,23 +397,19 @@ void GptModel<T>::backward_block(std::size_t unit, std::span<const T* const> p, 
   T* dres = dresidual_.data();  // dL/d(block output) now; dL/d(block input) when done
   // MLP branch: out = res1 + proj(gelu(fc(ln2(res1)))).
   dwide_.resize(rows * f);
-  ops::linear_backward(a.gelu.data(), p[kMlpProjWeight], dres, dwide_.data(), false, g[kMlpProjWeight], g[kMlpProjBias],
-                       rows, f, d);
+  linear_bwd(p, kMlpProjWeight, a.gelu.data(), dres, dwide_.data(), g[kMlpProjWeight], g[kMlpProjBias], rows, f, d);
   ops::gelu_backward(a.fc.data(), dwide_.data(), dwide_.data(), rows * f);
   dnarrow_.resize(rows * d);
-  ops::linear_backward(a.ln2.data(), p[kFcWeight], dwide_.data(), dnarrow_.data(), false, g[kFcWeight], g[kFcBias],
-                       rows, d, f);
+  linear_bwd(p, kFcWeight, a.ln2.data(), dwide_.data(), dnarrow_.data(), g[kFcWeight], g[kFcBias], rows, d, f);
   ops::layernorm_backward(a.res1.data(), p[kLn2Weight], a.ln2_stat.data(), dnarrow_.data(), dres, g[kLn2Weight],
                           g[kLn2Bias], rows, d);
   // Attention branch: res1 = in + proj(attention(qkv(ln1(in)))).
-  ops::linear_backward(a.att.data(), p[kAttnProjWeight], dres, dnarrow_.data(), false, g[kAttnProjWeight],
-                       g[kAttnProjBias], rows, d, d);
+  linear_bwd(p, kAttnProjWeight, a.att.data(), dres, dnarrow_.data(), g[kAttnProjWeight], g[kAttnProjBias], rows, d, d);
   dqkv_.resize(rows * 3 * d);
-  dprob_.resize(len * len);
+  dprob_.resize(idx(batch_) * idx(config_.heads) * len * len);
   ops::attention_backward(a.qkv.data(), a.prob.data(), dnarrow_.data(), dqkv_.data(), dprob_.data(), idx(batch_), len,
                           idx(config_.heads), idx(config_.head_dim()));
-  ops::linear_backward(a.ln1.data(), p[kQkvWeight], dqkv_.data(), dnarrow_.data(), false, g[kQkvWeight], g[kQkvBias],
-                       rows, d, 3 * d);
+  linear_bwd(p, kQkvWeight, a.ln1.data(), dqkv_.data(), dnarrow_.data(), g[kQkvWeight], g[kQkvBias], rows, d, 3 * d);
   ops::layernorm_backward(in, p[kLn1Weight], a.ln1_stat.data(), dnarrow_.data(), dres, g[kLn1Weight], g[kLn1Bias], rows,
                           d);
 }
@@ -358,18 +419,20 @@ void GptModel<T>::backward_embed(std::span<T* const> g) {
   const Index d = idx(config_.hidden);
   T* dwte = g[0];
   T* dwpe = g[1];
-  for (Index s = 0; s < idx(batch_); ++s) {
-    for (Index t = 0; t < idx(len_); ++t) {
-      const Index r = s * idx(len_) + t;
+  const Index rows = idx(batch_) * idx(len_);
+  // Rows sharing a token (or a position) add into the same gradient row, so the pool splits columns:
+  // each block adds every row in row order.
+  par::for_chunks(d, kEmbedColChunk, [&](Index, Index k0, Index k1) {
+    for (Index r = 0; r < rows; ++r) {
       const T* dr = dresidual_.data() + r * d;
       T* tok = dwte + idx(tokens_[r]) * d;
-      T* pos = dwpe + t * d;
-      for (Index k = 0; k < d; ++k) {
+      T* pos = dwpe + (r % idx(len_)) * d;
+      for (Index k = k0; k < k1; ++k) {
         tok[k] += dr[k];
         pos[k] += dr[k];
       }
     }
-  }
+  });
 }
 
 template <typename T>
@@ -387,7 +450,8 @@ std::size_t GptModel<T>::activation_bytes() const {
        {&lnf_, &lnf_stat_, &logits_, &position_loss_, &dresidual_, &dwide_, &dnarrow_, &dqkv_, &dprob_}) {
     add(*v);
   }
-  return elems * sizeof(T) + (tokens_.capacity() + targets_.capacity()) * sizeof(std::int32_t);
+  return elems * sizeof(T) + (round_x_.capacity() + round_dy_.capacity()) * sizeof(bf16_t) +
+         (tokens_.capacity() + targets_.capacity()) * sizeof(std::int32_t);
 }
 
 template class GptModel<float>;

@@ -1,15 +1,18 @@
-// The GPT's host kernels. Every matrix product goes to CBLAS (OpenBLAS); the element-wise and per-row
-// work is plain loops in a fixed order, so a run on a given OpenBLAS thread count is reproducible.
-// Per-row reductions accumulate in double: for float they then stay accurate at widths of thousands.
+// The GPT's host kernels. Matrix products go to host_gemm; the element-wise, per-row and attention work
+// runs on the host pool in chunks fixed by the sizes: rows for per-row work, (sequence, head) pairs for
+// attention, and column blocks for the column sums of parameter gradients, each of which adds its rows
+// in row order, as one thread would. Per-row reductions accumulate in double: for float they then stay
+// accurate at widths of thousands.
 #include "gpt_ops.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
-#include <climits>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
+#include "host_gemm.hpp"
+#include "host_parallel.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models::ops {
@@ -19,24 +22,55 @@ constexpr double kLayerNormEps = 1e-5;
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluCubic = 0.044715;
 
-blasint blas_dim(Index v) {
-  ZERO3_CHECK(v <= static_cast<Index>(INT_MAX), "gemm: a dimension exceeds the BLAS integer range");
-  return static_cast<blasint>(v);
+// Chunk sizes of the pool's loops: large enough that a chunk's work (microseconds) dwarfs handing it to
+// a thread, small enough that a small GPT's 1024 rows make dozens of chunks.
+constexpr Index kRowChunk = 16;
+constexpr Index kElemChunk = Index{1} << 14;
+constexpr Index kColChunk = 32;
+
+// fn(r) for each row r of [0, rows), in row chunks on the pool.
+template <typename Fn>
+void for_rows(Index rows, const Fn& fn) {
+  par::for_chunks(rows, kRowChunk, [&](Index, Index b, Index e) {
+    for (Index r = b; r < e; ++r) fn(r);
+  });
 }
 
-CBLAS_TRANSPOSE blas_trans(bool trans) {
-  return trans ? CblasTrans : CblasNoTrans;
+// fn(begin, end) over element ranges of [0, n) on the pool.
+template <typename Fn>
+void for_elems(Index n, const Fn& fn) {
+  par::for_chunks(n, kElemChunk, [&](Index, Index b, Index e) { fn(b, e); });
 }
 
-void blas_gemm(bool ta, bool tb, Index m, Index n, Index k, float alpha, const float* a, Index lda, const float* b,
-               Index ldb, float beta, float* c, Index ldc) {
-  cblas_sgemm(CblasRowMajor, blas_trans(ta), blas_trans(tb), blas_dim(m), blas_dim(n), blas_dim(k), alpha, a,
-              blas_dim(lda), b, blas_dim(ldb), beta, c, blas_dim(ldc));
+// fn(begin, end) over column blocks of [0, d): each block sums over all rows itself, in row order.
+template <typename Fn>
+void for_cols(Index d, const Fn& fn) {
+  par::for_chunks(d, kColChunk, [&](Index, Index b, Index e) { fn(b, e); });
 }
-void blas_gemm(bool ta, bool tb, Index m, Index n, Index k, double alpha, const double* a, Index lda, const double* b,
-               Index ldb, double beta, double* c, Index ldc) {
-  cblas_dgemm(CblasRowMajor, blas_trans(ta), blas_trans(tb), blas_dim(m), blas_dim(n), blas_dim(k), alpha, a,
-              blas_dim(lda), b, blas_dim(ldb), beta, c, blas_dim(ldc));
+
+// out[k] += sum over rows i of v[i * d + k], rows in order.
+template <typename T>
+void add_column_sums(const T* v, T* out, Index rows, Index d) {
+  for_cols(d, [&](Index k0, Index k1) {
+    for (Index i = 0; i < rows; ++i) {
+      const T* vi = v + i * d;
+      for (Index k = k0; k < k1; ++k) out[k] += vi[k];
+    }
+  });
+}
+
+// A product inside a pool chunk: on the calling thread alone.
+void gemm_serial(bool ta, bool tb, Index m, Index n, Index k, float alpha, const float* a, Index lda, const float* b,
+                 Index ldb, float beta, float* c, Index ldc) {
+  gemm::gemm_f32_serial(gemm::Backend::openblas, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void gemm_serial(bool ta, bool tb, Index m, Index n, Index k, double alpha, const double* a, Index lda, const double* b,
+                 Index ldb, double beta, double* c, Index ldc) {
+  gemm::gemm_f64(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void fill_bias_rows(const float* bias, float* y, Index rows, Index out) {
+  for_rows(rows, [&](Index i) { std::copy(bias, bias + out, y + i * out); });
 }
 
 }  // namespace
@@ -44,14 +78,17 @@ void blas_gemm(bool ta, bool tb, Index m, Index n, Index k, double alpha, const 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, Index m, Index n, Index k, T alpha, const T* a, Index lda, const T* b, Index ldb,
           T beta, T* c, Index ldc) {
-  if (m == 0 || n == 0) return;
-  blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if constexpr (std::is_same_v<T, float>) {
+    gemm::gemm_f32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    gemm::gemm_f64(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
 }
 
 template <typename T>
 void linear_forward(const T* x, const T* w, const T* bias, T* y, Index rows, Index in, Index out) {
   if (bias != nullptr) {
-    for (Index i = 0; i < rows; ++i) std::copy(bias, bias + out, y + i * out);
+    for_rows(rows, [&](Index i) { std::copy(bias, bias + out, y + i * out); });
   }
   gemm<T>(false, true, rows, out, in, T(1), x, in, w, in, bias != nullptr ? T(1) : T(0), y, out);
 }
@@ -61,17 +98,56 @@ void linear_backward(const T* x, const T* w, const T* dy, T* dx, bool accumulate
                      Index in, Index out) {
   if (dx != nullptr) gemm<T>(false, false, rows, in, out, T(1), dy, out, w, in, accumulate_dx ? T(1) : T(0), dx, in);
   gemm<T>(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dw, in);
-  if (dbias != nullptr) {
-    for (Index i = 0; i < rows; ++i) {
-      const T* dyi = dy + i * out;
-      for (Index o = 0; o < out; ++o) dbias[o] += dyi[o];
+  if (dbias != nullptr) add_column_sums(dy, dbias, rows, out);
+}
+
+void round_to_bf16(const float* src, bf16_t* dst, Index n) {
+  for_elems(n, [&](Index b, Index e) {
+    // float_to_bf16 without its branch, so the loop vectorizes: NaNs stay quiet NaNs, the rest rounds to
+    // nearest even (overflow carries into Inf).
+    for (Index i = b; i < e; ++i) {
+      std::uint32_t u;
+      std::memcpy(&u, src + i, sizeof u);
+      const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      const std::uint32_t nan = (u >> 16) | 0x0040u;
+      dst[i].bits = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
     }
+  });
+}
+
+void linear_forward_bf16(const float* x, const bf16_t* w, const float* bias, float* y, Index rows, Index in, Index out,
+                         std::vector<bf16_t>& x_scratch) {
+  x_scratch.resize(rows * in);
+  round_to_bf16(x, x_scratch.data(), rows * in);
+  if (bias != nullptr) fill_bias_rows(bias, y, rows, out);
+  gemm::gemm_bf16(false, true, rows, out, in, 1.0f, x_scratch.data(), in, w, in, bias != nullptr ? 1.0f : 0.0f, y, out);
+}
+
+void linear_backward_bf16(const float* x, const bf16_t* w, const float* dy, float* dx, bool accumulate_dx, float* dw,
+                          float* dbias, Index rows, Index in, Index out, std::vector<bf16_t>& x_scratch,
+                          std::vector<bf16_t>& dy_scratch) {
+  dy_scratch.resize(rows * out);
+  round_to_bf16(dy, dy_scratch.data(), rows * out);
+  if (dx != nullptr) {
+    gemm::gemm_bf16(false, false, rows, in, out, 1.0f, dy_scratch.data(), out, w, in, accumulate_dx ? 1.0f : 0.0f, dx,
+                    in);
   }
+  x_scratch.resize(rows * in);
+  round_to_bf16(x, x_scratch.data(), rows * in);  // the forward's rounding again: the same bits
+  gemm::gemm_bf16(true, false, out, in, rows, 1.0f, dy_scratch.data(), out, x_scratch.data(), in, 1.0f, dw, in);
+  if (dbias != nullptr) add_column_sums(dy, dbias, rows, out);
+}
+
+template <typename T>
+void add_inplace(T* y, const T* x, Index n) {
+  for_elems(n, [&](Index b, Index e) {
+    for (Index i = b; i < e; ++i) y[i] += x[i];
+  });
 }
 
 template <typename T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* stat, Index rows, Index d) {
-  for (Index i = 0; i < rows; ++i) {
+  for_rows(rows, [&](Index i) {
     const T* xi = x + i * d;
     double sum = 0;
     for (Index k = 0; k < d; ++k) sum += xi[k];
@@ -85,14 +161,15 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* stat, Index 
     for (Index k = 0; k < d; ++k) yi[k] = (xi[k] - mean_t) * rstd_t * w[k] + b[k];
     stat[2 * i] = mean_t;
     stat[2 * i + 1] = rstd_t;
-  }
+  });
 }
 
 template <typename T>
 void layernorm_backward(const T* x, const T* w, const T* stat, const T* dy, T* dx, T* dw, T* db, Index rows, Index d) {
   // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w: the two means are the projections
-  // out of the directions the normalization removed (shift and scale).
-  for (Index i = 0; i < rows; ++i) {
+  // out of the directions the normalization removed (shift and scale). Rows in parallel for dx, column
+  // blocks for dw and db.
+  for_rows(rows, [&](Index i) {
     const T mean = stat[2 * i];
     const T rstd = stat[2 * i + 1];
     const T* xi = x + i * d;
@@ -102,8 +179,6 @@ void layernorm_backward(const T* x, const T* w, const T* stat, const T* dy, T* d
     for (Index k = 0; k < d; ++k) {
       const T xhat = (xi[k] - mean) * rstd;
       const T g = dyi[k] * w[k];
-      dw[k] += dyi[k] * xhat;
-      db[k] += dyi[k];
       g_sum += g;
       gx_sum += g * xhat;
     }
@@ -114,59 +189,76 @@ void layernorm_backward(const T* x, const T* w, const T* stat, const T* dy, T* d
       const T xhat = (xi[k] - mean) * rstd;
       dxi[k] += rstd * (dyi[k] * w[k] - g_mean - xhat * gx_mean);
     }
-  }
+  });
+  for_cols(d, [&](Index k0, Index k1) {
+    for (Index i = 0; i < rows; ++i) {
+      const T mean = stat[2 * i];
+      const T rstd = stat[2 * i + 1];
+      const T* xi = x + i * d;
+      const T* dyi = dy + i * d;
+      for (Index k = k0; k < k1; ++k) {
+        const T xhat = (xi[k] - mean) * rstd;
+        dw[k] += dyi[k] * xhat;
+        db[k] += dyi[k];
+      }
+    }
+  });
 }
 
 template <typename T>
 void gelu_forward(const T* x, T* y, Index n) {
   const T scale = static_cast<T>(kGeluScale);
   const T cubic = static_cast<T>(kGeluCubic);
-  for (Index i = 0; i < n; ++i) {
-    const T v = x[i];
-    y[i] = T(0.5) * v * (T(1) + std::tanh(scale * (v + cubic * v * v * v)));
-  }
+  for_elems(n, [&](Index b, Index e) {
+    for (Index i = b; i < e; ++i) {
+      const T v = x[i];
+      y[i] = T(0.5) * v * (T(1) + std::tanh(scale * (v + cubic * v * v * v)));
+    }
+  });
 }
 
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, Index n) {
   const T scale = static_cast<T>(kGeluScale);
   const T cubic = static_cast<T>(kGeluCubic);
-  for (Index i = 0; i < n; ++i) {
-    const T v = x[i];
-    const T t = std::tanh(scale * (v + cubic * v * v * v));
-    const T dt = (T(1) - t * t) * scale * (T(1) + T(3) * cubic * v * v);
-    dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * dt);
-  }
+  for_elems(n, [&](Index b, Index e) {
+    for (Index i = b; i < e; ++i) {
+      const T v = x[i];
+      const T t = std::tanh(scale * (v + cubic * v * v * v));
+      const T dt = (T(1) - t * t) * scale * (T(1) + T(3) * cubic * v * v);
+      dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * dt);
+    }
+  });
 }
 
 template <typename T>
 void attention_forward(const T* qkv, T* prob, T* att, Index batch, Index len, Index heads, Index head_dim) {
   const Index d = heads * head_dim;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
-  for (Index s = 0; s < batch; ++s) {
-    for (Index h = 0; h < heads; ++h) {
-      const T* q = qkv + s * len * 3 * d + h * head_dim;
-      const T* k = q + d;
-      const T* v = q + 2 * d;
-      T* p = prob + (s * heads + h) * len * len;
-      // The full square costs twice the causal triangle's products; one gemm is still far cheaper than
-      // len small ones, and the masked half is overwritten with exact zeros below.
-      gemm<T>(false, true, len, len, head_dim, scale, q, 3 * d, k, 3 * d, T(0), p, len);
-      for (Index t = 0; t < len; ++t) {
-        T* row = p + t * len;
-        const T mx = *std::max_element(row, row + t + 1);
-        double sum = 0;
-        for (Index j = 0; j <= t; ++j) {
-          row[j] = std::exp(row[j] - mx);
-          sum += row[j];
-        }
-        const T inv = static_cast<T>(1.0 / sum);
-        for (Index j = 0; j <= t; ++j) row[j] *= inv;
-        std::fill(row + t + 1, row + len, T(0));
+  par::for_chunks(batch * heads, 1, [&](Index sh, Index, Index) {
+    const Index s = sh / heads;
+    const Index h = sh % heads;
+    const T* q = qkv + s * len * 3 * d + h * head_dim;
+    const T* k = q + d;
+    const T* v = q + 2 * d;
+    T* p = prob + sh * len * len;
+    // The full square costs twice the causal triangle's products; one gemm is still far cheaper than
+    // len small ones, and the masked half is overwritten with exact zeros below.
+    gemm_serial(false, true, len, len, head_dim, scale, q, 3 * d, k, 3 * d, T(0), p, len);
+    for (Index t = 0; t < len; ++t) {
+      T* row = p + t * len;
+      const T mx = *std::max_element(row, row + t + 1);
+      double sum = 0;
+      for (Index j = 0; j <= t; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        sum += row[j];
       }
-      gemm<T>(false, false, len, head_dim, len, T(1), p, len, v, 3 * d, T(0), att + s * len * d + h * head_dim, d);
+      const T inv = static_cast<T>(1.0 / sum);
+      for (Index j = 0; j <= t; ++j) row[j] *= inv;
+      std::fill(row + t + 1, row + len, T(0));
     }
-  }
+    gemm_serial(false, false, len, head_dim, len, T(1), p, len, v, 3 * d, T(0), att + s * len * d + h * head_dim, d);
+  });
 }
 
 template <typename T>
@@ -174,54 +266,56 @@ void attention_backward(const T* qkv, const T* prob, const T* datt, T* dqkv, T* 
                         Index heads, Index head_dim) {
   const Index d = heads * head_dim;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
-  for (Index s = 0; s < batch; ++s) {
-    for (Index h = 0; h < heads; ++h) {
-      const Index offset = s * len * 3 * d + h * head_dim;
-      const T* q = qkv + offset;
-      const T* k = q + d;
-      const T* v = q + 2 * d;
-      T* dq = dqkv + offset;
-      T* dk = dq + d;
-      T* dv = dq + 2 * d;
-      const T* p = prob + (s * heads + h) * len * len;
-      const T* da = datt + s * len * d + h * head_dim;
-      gemm<T>(false, true, len, len, head_dim, T(1), da, d, v, 3 * d, T(0), dprob, len);  // dP = dA V^T
-      gemm<T>(true, false, len, head_dim, len, T(1), p, len, da, d, T(0), dv, 3 * d);     // dV = P^T dA
-      // Softmax backward, in place: dS = P (dP - sum_j P dP); zero where P is masked.
-      for (Index t = 0; t < len; ++t) {
-        const T* pr = p + t * len;
-        T* dr = dprob + t * len;
-        double dot = 0;
-        for (Index j = 0; j <= t; ++j) dot += pr[j] * dr[j];
-        const T dot_t = static_cast<T>(dot);
-        for (Index j = 0; j <= t; ++j) dr[j] = pr[j] * (dr[j] - dot_t);
-        std::fill(dr + t + 1, dr + len, T(0));
-      }
-      gemm<T>(false, false, len, head_dim, len, scale, dprob, len, k, 3 * d, T(0), dq, 3 * d);  // dQ = dS K
-      gemm<T>(true, false, len, head_dim, len, scale, dprob, len, q, 3 * d, T(0), dk, 3 * d);   // dK = dS^T Q
+  par::for_chunks(batch * heads, 1, [&](Index sh, Index, Index) {
+    const Index s = sh / heads;
+    const Index h = sh % heads;
+    const Index offset = s * len * 3 * d + h * head_dim;
+    const T* q = qkv + offset;
+    const T* k = q + d;
+    const T* v = q + 2 * d;
+    T* dq = dqkv + offset;
+    T* dk = dq + d;
+    T* dv = dq + 2 * d;
+    const T* p = prob + sh * len * len;
+    const T* da = datt + s * len * d + h * head_dim;
+    T* ds = dprob + sh * len * len;
+    gemm_serial(false, true, len, len, head_dim, T(1), da, d, v, 3 * d, T(0), ds, len);  // dP = dA V^T
+    gemm_serial(true, false, len, head_dim, len, T(1), p, len, da, d, T(0), dv, 3 * d);  // dV = P^T dA
+    // Softmax backward, in place: dS = P (dP - sum_j P dP); zero where P is masked.
+    for (Index t = 0; t < len; ++t) {
+      const T* pr = p + t * len;
+      T* dr = ds + t * len;
+      double dot = 0;
+      for (Index j = 0; j <= t; ++j) dot += pr[j] * dr[j];
+      const T dot_t = static_cast<T>(dot);
+      for (Index j = 0; j <= t; ++j) dr[j] = pr[j] * (dr[j] - dot_t);
+      std::fill(dr + t + 1, dr + len, T(0));
     }
-  }
+    gemm_serial(false, false, len, head_dim, len, scale, ds, len, k, 3 * d, T(0), dq, 3 * d);  // dQ = dS K
+    gemm_serial(true, false, len, head_dim, len, scale, ds, len, q, 3 * d, T(0), dk, 3 * d);   // dK = dS^T Q
+  });
 }
 
 template <typename T>
 T cross_entropy_forward(const T* logits, const std::int32_t* targets, T* losses, Index rows, Index vocab) {
-  double total = 0;
-  for (Index i = 0; i < rows; ++i) {
+  std::vector<double> row_loss(rows);
+  for_rows(rows, [&](Index i) {
     const T* li = logits + i * vocab;
     const T mx = *std::max_element(li, li + vocab);
     double sum = 0;
     for (Index j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(li[j] - mx));
-    const double loss = static_cast<double>(mx) + std::log(sum) - static_cast<double>(li[targets[i]]);
-    losses[i] = static_cast<T>(loss);
-    total += loss;
-  }
+    row_loss[i] = static_cast<double>(mx) + std::log(sum) - static_cast<double>(li[targets[i]]);
+    losses[i] = static_cast<T>(row_loss[i]);
+  });
+  double total = 0;
+  for (double l : row_loss) total += l;  // in row order, whatever ran the rows
   return static_cast<T>(total);
 }
 
 template <typename T>
 void cross_entropy_backward(const T* logits, const std::int32_t* targets, T* dlogits, Index rows, Index vocab,
                             T scale) {
-  for (Index i = 0; i < rows; ++i) {
+  for_rows(rows, [&](Index i) {
     const T* li = logits + i * vocab;
     T* di = dlogits + i * vocab;
     const T mx = *std::max_element(li, li + vocab);
@@ -233,11 +327,15 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, T* dlo
     const T k = static_cast<T>(static_cast<double>(scale) / sum);
     for (Index j = 0; j < vocab; ++j) di[j] *= k;
     di[targets[i]] -= scale;
-  }
+  });
 }
 
 template void gemm<float>(bool, bool, Index, Index, Index, float, const float*, Index, const float*, Index, float,
                           float*, Index);
+template void gemm<double>(bool, bool, Index, Index, Index, double, const double*, Index, const double*, Index, double,
+                           double*, Index);
+template void add_inplace<float>(float*, const float*, Index);
+template void add_inplace<double>(double*, const double*, Index);
 template void linear_forward<float>(const float*, const float*, const float*, float*, Index, Index, Index);
 template void linear_backward<float>(const float*, const float*, const float*, float*, bool, float*, float*, Index,
                                      Index, Index);
@@ -251,8 +349,6 @@ template void attention_backward<float>(const float*, const float*, const float*
                                         Index);
 template float cross_entropy_forward<float>(const float*, const std::int32_t*, float*, Index, Index);
 template void cross_entropy_backward<float>(const float*, const std::int32_t*, float*, Index, Index, float);
-template void gemm<double>(bool, bool, Index, Index, Index, double, const double*, Index, const double*, Index, double,
-                           double*, Index);
 template void linear_forward<double>(const double*, const double*, const double*, double*, Index, Index, Index);
 template void linear_backward<double>(const double*, const double*, const double*, double*, bool, double*, double*,
                                       Index, Index, Index);

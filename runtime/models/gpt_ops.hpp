@@ -1,11 +1,16 @@
-// Host kernels of the GPT: matrix products through CBLAS, LayerNorm, GELU, causal attention and
-// cross-entropy, on row-major arrays, for float and double. They know nothing of units or configs:
-// callers pass pointers and sizes. Gradients of params accumulate (+=); each function says what it
-// writes and what it accumulates. Callable from any thread; gemm runs on OpenBLAS's threads.
+// Host kernels of the GPT: matrix products (host_gemm), LayerNorm, GELU, causal attention and
+// cross-entropy, on row-major arrays, for float and double, plus bf16-product variants of the linear
+// layer for float. They know nothing of units or configs: callers pass pointers and sizes. Gradients of
+// params accumulate (+=); each function says what it writes and what it accumulates. Callable from any
+// thread; every op runs on the host pool (host_parallel.hpp) over chunks fixed by the sizes alone, so
+// its result does not depend on the thread count.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
+
+#include "zero3/core/dtype.hpp"
 
 namespace zero3::models::ops {
 
@@ -26,6 +31,21 @@ template <typename T>
 void linear_backward(const T* x, const T* w, const T* dy, T* dx, bool accumulate_dx, T* dw, T* dbias, Index rows,
                      Index in, Index out);
 
+// The same with bf16 products, as autocast computes them: the weight is bf16, x and dy are rounded to
+// bf16 (into the scratch vectors) before each product, products accumulate in fp32 into fp32 y, dx, dw; the bias
+// and its gradient stay fp32. Requires gemm::bf16_native().
+void linear_forward_bf16(const float* x, const bf16_t* w, const float* bias, float* y, Index rows, Index in, Index out,
+                         std::vector<bf16_t>& x_scratch);
+void linear_backward_bf16(const float* x, const bf16_t* w, const float* dy, float* dx, bool accumulate_dx, float* dw,
+                          float* dbias, Index rows, Index in, Index out, std::vector<bf16_t>& x_scratch,
+                          std::vector<bf16_t>& dy_scratch);
+// dst[i] = src[i] rounded to the nearest bf16 (ties to even).
+void round_to_bf16(const float* src, bf16_t* dst, Index n);
+
+// y[i] += x[i].
+template <typename T>
+void add_inplace(T* y, const T* x, Index n);
+
 // y = (x - mean) / sqrt(var + eps) * w + b per row of width d; stat[2 i] = mean, stat[2 i + 1] = 1/std.
 template <typename T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* stat, Index rows, Index d);
@@ -43,9 +63,10 @@ void gelu_backward(const T* x, const T* dy, T* dx, Index n);
 // Causal multi-head self-attention of `batch` sequences of `len` positions. qkv is [batch, len, 3 d]
 // (q, k, v side by side, d = heads * head_dim); writes prob [batch, heads, len, len] (softmax of
 // q k^T / sqrt(head_dim) over keys <= query, exact zeros above the diagonal) and att [batch, len, d].
+// Parallel over (sequence, head); the products stay fp32 in every mode.
 template <typename T>
 void attention_forward(const T* qkv, T* prob, T* att, Index batch, Index len, Index heads, Index head_dim);
-// Writes dqkv [batch, len, 3 d] from datt [batch, len, d]; dprob is [len, len] scratch.
+// Writes dqkv [batch, len, 3 d] from datt [batch, len, d]; dprob is [batch, heads, len, len] scratch.
 template <typename T>
 void attention_backward(const T* qkv, const T* prob, const T* datt, T* dqkv, T* dprob, Index batch, Index len,
                         Index heads, Index head_dim);

@@ -1,8 +1,10 @@
 // A host-computed model (GptModel<float>, MlpModel<float>: forward_unit/backward_unit over raw float
 // pointers) behind the UnitModel interface. The engine's params and grads live in host memory (host
-// device), possibly in bf16/fp16: 16-bit params are widened into float scratch before a unit runs, and
-// gradients are computed into float scratch and rounded into the engine's buffers. Computation runs on
-// the calling thread after the compute stream has delivered the gathers.
+// device), possibly in bf16/fp16. A model that declares bf16 matrix weights (bf16_operand) gets those
+// as they are, for bf16 products, where the CPU has them (gemm::bf16_native); every other 16-bit param
+// is widened into float scratch before a unit runs, and gradients are computed into float scratch and
+// rounded into the engine's buffers. Computation runs on the calling thread and the host pool after the
+// compute stream has delivered the gathers.
 #pragma once
 
 #include <fmt/format.h>
@@ -15,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "host_gemm.hpp"
+#include "host_parallel.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/models/unit_model.hpp"
@@ -39,7 +43,13 @@ class HostAdapter final : public UnitModel {
   void forward_unit(std::size_t unit, std::span<const BufferView> params, Stream& stream) override {
     check_host("forward_unit", unit, params);
     stream.synchronize();
-    if (!empty_) model_.forward_unit(unit, widen(params));
+    if (empty_) return;
+    const std::vector<const float*> p = widen(unit, params);
+    if constexpr (kTakesBf16) {
+      model_.forward_unit(unit, p, params16_);
+    } else {
+      model_.forward_unit(unit, p);
+    }
   }
 
   double loss(Stream& /*stream*/) override { return empty_ ? 0.0 : static_cast<double>(model_.loss()); }
@@ -52,7 +62,7 @@ class HostAdapter final : public UnitModel {
                                    grads.size(), params.size()));
     }
     stream.synchronize();  // the gathers and the zero fill of the gradient buffers
-    const std::vector<const float*> p = widen(params);
+    const std::vector<const float*> p = widen(unit, params);
     grad_scratch_.resize(grads.size());
     std::vector<float*> g;
     for (std::size_t k = 0; k < grads.size(); ++k) {
@@ -63,11 +73,16 @@ class HostAdapter final : public UnitModel {
       grad_scratch_[k].assign(grads[k].count, 0.0f);
       g.push_back(grad_scratch_[k].data());
     }
-    model_.backward_unit(unit, p, g, seed_scale);
+    if constexpr (kTakesBf16) {
+      model_.backward_unit(unit, p, g, seed_scale, params16_);
+    } else {
+      model_.backward_unit(unit, p, g, seed_scale);
+    }
     for (std::size_t k = 0; k < grads.size(); ++k) {
       if (grads[k].dtype == DType::f32) continue;
-      for (std::size_t i = 0; i < grads[k].count; ++i)
-        store_from_float(grads[k].data, grads[k].dtype, i, grad_scratch_[k][i]);
+      par::for_chunks(grads[k].count, kConvertChunk, [&](std::size_t, std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) store_from_float(grads[k].data, grads[k].dtype, i, grad_scratch_[k][i]);
+      });
     }
   }
 
@@ -80,6 +95,9 @@ class HostAdapter final : public UnitModel {
   MemoryKind activation_memory() const override { return MemoryKind::pageable_host; }
 
  private:
+  static constexpr bool kTakesBf16 = requires(const Model& m) { m.bf16_operand(std::size_t{}, std::size_t{}); };
+  static constexpr std::size_t kConvertChunk = std::size_t{1} << 14;
+
   void check_host(const char* what, std::size_t unit, std::span<const BufferView> params) const {
     if (unit >= units_.size()) {
       throw UsageError(fmt::format("{}: {}: unit {} of {}", description_, what, unit, units_.size()));
@@ -90,18 +108,31 @@ class HostAdapter final : public UnitModel {
     }
   }
 
-  std::vector<const float*> widen(std::span<const BufferView> params) {
+  // Float pointers for the model, and in params16_ the bf16 weights it multiplies as they are (their
+  // float pointer null).
+  std::vector<const float*> widen(std::size_t unit, std::span<const BufferView> params) {
     std::vector<const float*> ptrs;
     param_scratch_.resize(std::max(param_scratch_.size(), params.size()));
+    params16_.assign(params.size(), nullptr);
     for (std::size_t k = 0; k < params.size(); ++k) {
       const BufferView& v = params[k];
       if (v.dtype == DType::f32) {
         ptrs.push_back(v.template as<const float>());
         continue;
       }
+      if constexpr (kTakesBf16) {
+        if (v.dtype == DType::bf16 && gemm::bf16_native() && model_.bf16_operand(unit, k)) {
+          params16_[k] = v.template as<const bf16_t>();
+          ptrs.push_back(nullptr);
+          continue;
+        }
+      }
       param_scratch_[k].resize(v.count);
-      for (std::size_t i = 0; i < v.count; ++i) param_scratch_[k][i] = load_as_float(v.data, v.dtype, i);
-      ptrs.push_back(param_scratch_[k].data());
+      float* dst = param_scratch_[k].data();
+      par::for_chunks(v.count, kConvertChunk, [&](std::size_t, std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) dst[i] = load_as_float(v.data, v.dtype, i);
+      });
+      ptrs.push_back(dst);
     }
     return ptrs;
   }
@@ -112,6 +143,7 @@ class HostAdapter final : public UnitModel {
   bool empty_ = false;
   std::vector<std::vector<float>> param_scratch_;
   std::vector<std::vector<float>> grad_scratch_;
+  std::vector<const bf16_t*> params16_;
 };
 
 }  // namespace zero3::models::detail

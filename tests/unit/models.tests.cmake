@@ -2,5 +2,9 @@
 # every param), float against double, causality, config validation, and memorization with a few Adam steps.
 if(TARGET zero3_models)
   zero3_unit_test(gpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt.cpp LIBS zero3_models fmt::fmt)
+  # Thread-count independence and the bf16 products' error bounds; reads the private gpt_ops.hpp.
+  zero3_unit_test(gpt_host_compute SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt_host_compute.cpp
+                  LIBS zero3_models TBB::tbb fmt::fmt)
+  target_include_directories(test_gpt_host_compute PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
   zero3_unit_test(mlp SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_mlp.cpp LIBS zero3_models zero3_data fmt::fmt)
 endif()

@@ -2,7 +2,8 @@
 // gpt_units() declares the engine units (embed, blocks.{i}, head) with their named params; a GptModel runs
 // forward and backward one unit at a time from the full params the engine gathered, keeping the
 // activations backward needs between the calls. The model owns only activations and scratch, never params
-// or grads. One thread drives a GptModel; its matrix products run on OpenBLAS's own threads.
+// or grads. One thread drives a GptModel; its work runs on the host models' thread pool (set_blas_threads),
+// split so that the result does not depend on the thread count.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "zero3/core/dtype.hpp"
 #include "zero3/engine/engine.hpp"
 #include "zero3/models/unit_model.hpp"
 
@@ -50,10 +52,15 @@ std::vector<UnitSpec> gpt_units(const GptConfig& config);
 // Elements of all params of the model.
 std::size_t gpt_num_params(const GptConfig& config);
 
-// OpenBLAS's thread count, process-wide (it has one pool). The trainer sets it; by default it is what
-// OpenBLAS chose (OPENBLAS_NUM_THREADS or the core count). Throws UsageError for threads < 1.
+// The threads of the host models' compute, process-wide: one oneTBB arena of that many threads runs every
+// matrix product (OpenBLAS and oneDNN single-threaded inside its blocks) and every element-wise, per-row
+// and attention loop. The trainer sets it to its rank's share of the cores; by default it is the core
+// count. Not while a model computes. Throws UsageError for threads < 1.
 void set_blas_threads(int threads);
 int blas_threads();
+// bf16 matrix products are available on this host (oneDNN built in, AVX512-BF16 or AMX-BF16 on the CPU):
+// GptModel<float> takes bf16 matrix weights (forward_unit's params16). ZERO3_HOST_BF16_GEMM=0 turns it off.
+bool host_bf16_products();
 
 // Forward and backward of the GPT on one micro-batch of `batch` sequences of `len` tokens, unit by unit.
 // Training: set_batch(.., Pass::train); forward_unit(u, params) for u = 0 .. num_units()-1; loss();
@@ -62,6 +69,11 @@ int blas_threads();
 // and reuses one block's buffers, so it needs far less memory; backward_unit after it throws.
 // `params[k]` points at the full k-th param of unit u, in gpt_units() order. Out-of-order calls and
 // wrong counts throw UsageError naming the unit.
+// bf16 compute (float model, host_bf16_products()): params16, when not empty, holds one pointer per param;
+// a non-null params16[k] (allowed only where bf16_operand(u, k)) is that weight in bf16, and its layer
+// multiplies in bf16 (the layer's input and output gradient rounded to bf16, fp32 accumulation, as torch
+// autocast does); params[k] may then be null. LayerNorm, softmax, GELU and the loss stay fp32. Backward
+// takes the same params16 as the unit's forward.
 template <typename T>
 class GptModel {
  public:
@@ -76,7 +88,10 @@ class GptModel {
   // 1 <= len <= seq_len. Throws UsageError naming the first bad id or size.
   void set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch, int len,
                  Pass pass = Pass::train);
-  void forward_unit(std::size_t unit, std::span<const T* const> params);
+  void forward_unit(std::size_t unit, std::span<const T* const> params, std::span<const bf16_t* const> params16 = {});
+  // Param k of `unit` is a matrix weight whose products may run in bf16 (qkv, attn.proj, mlp.fc,
+  // mlp.proj, lm_head).
+  bool bf16_operand(std::size_t unit, std::size_t k) const;
   // Mean cross-entropy over the batch's batch * len positions, in nats (valid after the head's forward).
   T loss() const { return loss_; }
   // The head's logits [batch, len, vocab] (valid after the head's forward until its backward, which
@@ -87,7 +102,8 @@ class GptModel {
   // dL/dlogits times `seed_scale` (the engine's loss multiplier: loss scale / accumulation steps).
   // Accumulates (+=) each param's gradient into grads[k] (full size, all non-null; zero-filled by the
   // caller for a plain gradient).
-  void backward_unit(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads, T seed_scale);
+  void backward_unit(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads, T seed_scale,
+                     std::span<const bf16_t* const> params16 = {});
 
   // Bytes of the activations and scratch this model holds now (allocated capacity): what a train pass
   // keeps from forward to backward dominates; for the memory tracker's activations category.
@@ -109,6 +125,14 @@ class GptModel {
   };
 
   void check_unit_params(const char* what, std::size_t unit, std::size_t count) const;
+  // Checks params16 against params and keeps the unit's bf16 weights in w16_.
+  void take_params16(const char* what, std::size_t unit, std::span<const T* const> params,
+                     std::span<const bf16_t* const> params16);
+  // The linear layer of weight param k (bf16 products when w16_[k] is set).
+  void linear_fwd(std::span<const T* const> p, std::size_t k, const T* bias, const T* x, T* y, std::size_t rows,
+                  std::size_t in, std::size_t out);
+  void linear_bwd(std::span<const T* const> p, std::size_t k, const T* x, const T* dy, T* dx, T* dw, T* dbias,
+                  std::size_t rows, std::size_t in, std::size_t out);
   void forward_embed(std::span<const T* const> params, T* out);
   void forward_block(BlockActs& acts, std::span<const T* const> params, const T* in, T* out);
   void forward_head(std::span<const T* const> params, const T* in);
@@ -140,14 +164,19 @@ class GptModel {
   std::vector<T> dwide_;    // [rows, 4 hidden]
   std::vector<T> dnarrow_;  // [rows, hidden]
   std::vector<T> dqkv_;     // [rows, 3 hidden]
-  std::vector<T> dprob_;    // [len, len] one (sequence, head) at a time
+  std::vector<T> dprob_;    // [batch, heads, len, len]
+
+  std::vector<const bf16_t*> w16_;  // the current unit's bf16 weights (null: fp32 products)
+  std::vector<bf16_t> round_x_;     // a bf16 layer's input, rounded
+  std::vector<bf16_t> round_dy_;    // a bf16 layer's output gradient, rounded
 };
 
 extern template class GptModel<float>;
 extern template class GptModel<double>;
 
 // GptModel<float> behind UnitModel, for the engine's host device: params and grads in host memory, in
-// f32, bf16 or f16 (16-bit params are widened to float before each unit, gradients rounded back).
+// f32, bf16 or f16. bf16 matrix weights go to bf16 products where host_bf16_products(); every other
+// 16-bit param is widened to float before each unit; gradients are computed in fp32 and rounded back.
 std::unique_ptr<UnitModel> make_host_gpt(const GptConfig& config);
 // "GPT 2 layers, hidden 64, 4 heads, vocab 16, context 32"
 std::string describe(const GptConfig& config);

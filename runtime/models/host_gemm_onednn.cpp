@@ -1,0 +1,126 @@
+// host_gemm's oneDNN side: one matmul primitive per (dtype, transposes, sizes, strides, alpha, beta,
+// threads), created on first use and kept (creation costs far more than a product at these sizes).
+// Operands are described by strides, so transposed and strided views need no copy. The scratchpad is
+// the caller's (thread-local), so one primitive can run on several threads at once.
+#include "host_gemm_onednn.hpp"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "zero3/core/error.hpp"
+
+namespace zero3::models::gemm::onednn {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using Dims = dnnl::memory::dims;
+
+struct Key {
+  bool bf16, trans_a, trans_b;
+  std::size_t m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+  int threads;
+  auto tie() const { return std::tie(bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+struct Prim {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul matmul;
+  std::string impl;
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::memory::dim dim(std::size_t v) {
+  return static_cast<dnnl::memory::dim>(v);
+}
+
+// [rows, cols] as stored row-major with row stride ld, read transposed when trans.
+dnnl::memory::desc operand(dt type, bool trans, std::size_t rows, std::size_t cols, std::size_t ld) {
+  return trans ? dnnl::memory::desc(Dims{dim(rows), dim(cols)}, type, Dims{1, dim(ld)})
+               : dnnl::memory::desc(Dims{dim(rows), dim(cols)}, type, Dims{dim(ld), 1});
+}
+
+std::unique_ptr<Prim> create(const Key& key) {
+  const dt in = key.bf16 ? dt::bf16 : dt::f32;
+  const dnnl::memory::desc a = operand(in, key.trans_a, key.m, key.k, key.lda);
+  const dnnl::memory::desc b = operand(in, key.trans_b, key.k, key.n, key.ldb);
+  const dnnl::memory::desc c(Dims{dim(key.m), dim(key.n)}, dt::f32, Dims{dim(key.ldc), 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+  if (key.beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(key.beta);
+    attr.set_post_ops(po);
+  }
+  auto p = std::make_unique<Prim>();
+  p->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
+  p->matmul = dnnl::matmul(p->pd);
+  p->impl = p->pd.impl_info_str();
+  return p;
+}
+
+const Prim& primitive(const Key& key) {
+  static std::mutex mutex;
+  static std::map<Key, std::unique_ptr<Prim>> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<Prim>& slot = cache[key];
+  if (!slot) {
+    try {
+      omp_set_num_threads(key.threads);  // oneDNN sizes its blocking for the threads it will run on
+      slot = create(key);
+    } catch (const dnnl::error& e) {
+      cache.erase(key);
+      throw UsageError(fmt::format("oneDNN matmul {}x{}x{} ({}, trans {} {}): {}", key.m, key.n, key.k,
+                                   key.bf16 ? "bf16" : "f32", key.trans_a, key.trans_b, e.what()));
+    }
+  }
+  return *slot;
+}
+
+}  // namespace
+
+bool built() {
+  return true;
+}
+
+void matmul(bool bf16, int threads, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+            float alpha, const void* a, std::size_t lda, const void* b, std::size_t ldb, float beta, float* c,
+            std::size_t ldc) {
+  if (m == 0 || n == 0) return;
+  const Prim& p = primitive({bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads});
+  thread_local dnnl::stream stream(engine());
+  thread_local std::vector<unsigned char> scratch;
+  const dnnl::memory::desc scratch_md = p.pd.scratchpad_desc();
+  if (scratch.size() < scratch_md.get_size()) scratch.resize(scratch_md.get_size());
+  // oneDNN reads the calling thread's OpenMP setting: 1 runs the product without a parallel region.
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+  dnnl::memory ma(p.pd.src_desc(), engine(), const_cast<void*>(a));
+  dnnl::memory mb(p.pd.weights_desc(), engine(), const_cast<void*>(b));
+  dnnl::memory mc(p.pd.dst_desc(), engine(), c);
+  dnnl::memory ms(scratch_md, engine(), scratch.data());
+  p.matmul.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
+  stream.wait();
+}
+
+const char* impl(bool bf16, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k) {
+  const std::size_t lda = trans_a ? m : k;
+  const std::size_t ldb = trans_b ? k : n;
+  return primitive({bf16, trans_a, trans_b, m, n, k, lda, ldb, n, 1.0f, 0.0f, 1}).impl.c_str();
+}
+
+}  // namespace zero3::models::gemm::onednn

@@ -1,0 +1,45 @@
+#include "host_parallel.hpp"
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <thread>
+
+#include "zero3/core/error.hpp"
+
+namespace zero3::models::par {
+namespace {
+
+int default_threads() {
+  return static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+}
+
+struct Pool {
+  int threads = default_threads();
+  std::unique_ptr<tbb::task_arena> arena = std::make_unique<tbb::task_arena>(threads);
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+}  // namespace
+
+void set_threads(int n) {
+  if (n < 1) throw UsageError(fmt::format("host compute threads must be >= 1, got {}", n));
+  Pool& p = pool();
+  if (n == p.threads) return;
+  p.arena = std::make_unique<tbb::task_arena>(n);
+  p.threads = n;
+}
+
+int threads() {
+  return pool().threads;
+}
+
+tbb::task_arena& arena() {
+  return *pool().arena;
+}
+
+}  // namespace zero3::models::par
