@@ -287,11 +287,17 @@ void* HostDevice::do_allocate(std::size_t size_bytes, MemoryKind kind, MemCatego
       throw;
     }
   } else {
-    const std::size_t start = start_alignment(kind, size_bytes);
-    if (posix_memalign(&p, start, rounded) != 0) p = nullptr;
-    // Before the first touch (and before mlock faults the pages in), so the faults allocate huge pages.
-    // Advice only: without THP the buffer keeps 4 KiB pages.
-    if (p != nullptr && start == kHugePageBytes) (void)madvise(p, rounded, MADV_HUGEPAGE);
+    if (kind == MemoryKind::device) p = take_cached(rounded);
+    if (p == nullptr) {
+      const std::size_t start = start_alignment(kind, size_bytes);
+      if (posix_memalign(&p, start, rounded) != 0 && kind == MemoryKind::device) {
+        release_cache();
+        if (posix_memalign(&p, start, rounded) != 0) p = nullptr;
+      }
+      // Before the first touch (and before mlock faults the pages in), so the faults allocate huge pages.
+      // Advice only: without THP the buffer keeps 4 KiB pages.
+      if (p != nullptr && start == kHugePageBytes) (void)madvise(p, rounded, MADV_HUGEPAGE);
+    }
   }
   if (p == nullptr) {
     if (kind == MemoryKind::device) device_bytes_in_use_.fetch_sub(size_bytes);
@@ -318,7 +324,36 @@ void HostDevice::do_free(void* ptr, std::size_t size_bytes, MemoryKind kind, Mem
     detail::scope_guard::release(ptr, size_bytes);
     return;
   }
+  if (kind == MemoryKind::device) {
+    try {
+      const std::lock_guard<std::mutex> lock(cache_mutex_);
+      device_cache_[rounded_size(size_bytes, alignment_for(kind))].push_back(ptr);
+      return;
+    } catch (...) {  // no memory for the cache's own bookkeeping: give the block back instead
+    }
+  }
   std::free(ptr);
+}
+
+void* HostDevice::take_cached(std::size_t rounded) {
+  const std::lock_guard<std::mutex> lock(cache_mutex_);
+  const auto it = device_cache_.find(rounded);
+  if (it == device_cache_.end() || it->second.empty()) return nullptr;
+  void* p = it->second.back();
+  it->second.pop_back();
+  return p;
+}
+
+void HostDevice::release_cache() noexcept {
+  const std::lock_guard<std::mutex> lock(cache_mutex_);
+  for (auto& [size, blocks] : device_cache_) {
+    for (void* p : blocks) std::free(p);
+  }
+  device_cache_.clear();
+}
+
+HostDevice::~HostDevice() {
+  release_cache();
 }
 
 std::unique_ptr<Device> make_host_device(const HostDeviceOptions& options) {

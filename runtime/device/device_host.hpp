@@ -15,6 +15,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <vector>
 
 #include "zero3/device/device.hpp"
 
@@ -88,6 +90,9 @@ class HostStream final : public Stream {
 class HostDevice final : public Device {
  public:
   explicit HostDevice(const HostDeviceOptions& options);
+  ~HostDevice() override;
+  HostDevice(const HostDevice&) = delete;
+  HostDevice& operator=(const HostDevice&) = delete;
   DeviceKind kind() const override { return DeviceKind::host; }
   std::string description() const override;
   std::unique_ptr<Stream> create_stream(std::string name) override;
@@ -101,9 +106,17 @@ class HostDevice final : public Device {
 
  private:
   void reserve_device_bytes(std::size_t size_bytes);
+  void* take_cached(std::size_t rounded);
+  void release_cache() noexcept;
   HostDeviceOptions options_;
   bool guard_ = false;                               // scope memory guarded (scope_guard.hpp)
   std::atomic<std::size_t> device_bytes_in_use_{0};  // requested bytes of device kind, for the cap
+  // Freed device-kind blocks by rounded size, reused by the next allocation of that size, as the CUDA
+  // device's stream-ordered pool keeps its freed blocks: gathers and gradient buffers allocate and free
+  // the same sizes every step, and memory fresh from the OS costs a page fault and a page clear per page
+  // on first touch. An allocation the OS refuses empties the cache and retries.
+  std::mutex cache_mutex_;
+  std::unordered_map<std::size_t, std::vector<void*>> device_cache_;
 };
 
 }  // namespace zero3
