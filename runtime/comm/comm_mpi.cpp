@@ -686,6 +686,11 @@ void MpiCommunicator::run_all_gather(ConstBufferView send, BufferView recv) {
   if (send.count > 0 && src == recv.slice(static_cast<std::size_t>(rank()) * send.count, send.count).data) {
     src = MPI_IN_PLACE;
   }
+  // One rank: the gather is a copy. Open MPI's own path allocates and faults in a temporary every call.
+  if (size() == 1) {
+    if (src != MPI_IN_PLACE && send.count > 0) std::memmove(recv.data, send.data, send.size_bytes());
+    return;
+  }
   ZERO3_MPI_CHECK(MPI_Allgather(src, count, type, recv.data, count, type, comm_));
 }
 
@@ -701,6 +706,18 @@ void MpiCommunicator::run_reduce_scatter(ConstBufferView send, BufferView recv, 
   }
   // fp32 results land in recv directly unless recv is part of send (in place).
   const bool direct = recv.dtype == DType::f32 && !overlaps(send.data, send.size_bytes(), recv.data, recv.size_bytes());
+  // One rank: the reduction of one contribution is that contribution, and avg divides by 1 exactly, so
+  // the result is the fp32 input as MPI would give it, without MPI's temporary.
+  if (size() == 1) {
+    if (direct) {
+      std::memmove(recv.data, in32, block * sizeof(float));
+    } else if (!(recv.dtype == DType::f32 && recv.data == static_cast<const void*>(in32))) {
+      float* copy = static_cast<float*>(scratch(1, block * sizeof(float)));
+      std::memcpy(copy, in32, block * sizeof(float));
+      from_f32(copy, recv);
+    }
+    return;
+  }
   float* out32 = direct ? recv.as<float>() : static_cast<float*>(scratch(1, block * sizeof(float)));
   ZERO3_MPI_CHECK(MPI_Reduce_scatter_block(in32, out32, static_cast<int>(block), MPI_FLOAT, mpi_op(op), comm_));
   if (op == ReduceOp::avg) divide(out32, block, size());
@@ -712,6 +729,7 @@ void MpiCommunicator::run_reduce_scatter(ConstBufferView send, BufferView recv, 
 // where MPI's own allreduce might not. Bandwidth as a ring all-reduce.
 void MpiCommunicator::run_all_reduce(BufferView data, ReduceOp op) {
   const auto p = static_cast<std::size_t>(size());
+  if (p == 1 && data.dtype == DType::f32) return;  // one contribution, avg by 1: the data as they are
   const std::size_t n = data.count;
   const std::size_t block = (n + p - 1) / p;
   const std::size_t padded = block * p;
