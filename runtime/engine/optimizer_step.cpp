@@ -151,8 +151,7 @@ OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimize
                                           *wiring.config.optimizer)),
       scaler_(optim::LossScaler::from_config(wiring.config)),
       bootstrap_(bootstrap),
-      nonfinite_(wiring.config.zero3.nonfinite, wiring.communicator.rank()),
-      scalars_ready_(wiring.events.acquire()) {
+      nonfinite_(wiring.config.zero3.nonfinite, wiring.communicator.rank()) {
   scalars_ = device_.allocate(5, DType::f32, MemoryKind::device, MemCategory::workspace);
   const MemoryKind host_kind = device_.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
   host_scalars_ = device_.allocate(5, DType::f32, host_kind, MemCategory::staging);
@@ -160,7 +159,7 @@ OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimize
 }
 
 StepOutcome OptimizerStep::run(const WindowMarks& marks) {
-  // The previous run() synchronized on scalars_ready_, so no copy still reads host_marks_.
+  // The previous run() synchronized its stream after the scalars' copies, so none still reads host_marks_.
   float* m = host_marks_.view().as<float>();
   m[0] = 0.0f;
   m[1] = 0.0f;
@@ -177,8 +176,10 @@ StepOutcome OptimizerStep::run(const WindowMarks& marks) {
     comm_.all_reduce(scalars_.view(), comm::ReduceOp::sum, stream_);
   }
   device_.copy_async(host_scalars_.view(), scalars_.cview(), stream_);
-  stream_.record(*scalars_ready_);
-  scalars_ready_->synchronize();
+  // The stream, not an event: it waits for the same work (the scalars are its last), and it also throws
+  // when a collective of this step failed, so no rank steps on a failed reduction's values while the
+  // failure handler is bringing the job down.
+  stream_.synchronize();
   const float* h = host_scalars_.view().as<float>();
   const float overflow_flag = h[0];
   const double total_sq = h[1];

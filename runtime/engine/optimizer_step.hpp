@@ -147,7 +147,6 @@ class OptimizerStep {
   Buffer scalars_;
   Buffer host_scalars_;  // host copy of scalars_
   Buffer host_marks_;    // this rank's marks, copied into scalars_ before the statistics are added
-  std::unique_ptr<Event> scalars_ready_;
 
   // run()'s early return for a step that is not applied.
   StepOutcome skip(StepOutcome out, const WindowMarks& marks, float loss_ranks);
