@@ -72,8 +72,7 @@ bool onednn_built() {
 }
 
 bool bf16_native() {
-  static const bool native = onednn::built() && bf16_env_allows() &&
-                             (__builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16"));
+  static const bool native = onednn::built() && bf16_env_allows() && onednn::bf16_supported();
   return native;
 }
 

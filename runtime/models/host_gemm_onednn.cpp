@@ -98,6 +98,13 @@ bool built() {
   return true;
 }
 
+bool bf16_supported() {
+  // oneDNN's ISA values are nested bit sets: a CPU with AMX has every bit of avx512_core_bf16.
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16) == bf16;
+}
+
 void matmul(bool bf16, int threads, bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
             float alpha, const void* a, std::size_t lda, const void* b, std::size_t ldb, float beta, float* c,
             std::size_t ldc) {

@@ -8,6 +8,10 @@ bool built() {
   return false;
 }
 
+bool bf16_supported() {
+  return false;
+}
+
 void matmul(bool, int, bool, bool, std::size_t, std::size_t, std::size_t, float, const void*, std::size_t, const void*,
             std::size_t, float, float*, std::size_t) {
   throw UsageError("host gemm: this build has no oneDNN (configure with -DZERO3_WITH_ONEDNN=ON and libdnnl-dev)");
