@@ -30,9 +30,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers_config  # noqa: E402
 
-if "deepspeed" in sys.argv:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -202,8 +199,8 @@ def deepspeed_trainer(args, cfg, m, gas, bf16):
     ds_cfg = peers_config.deepspeed_config(cfg, world, args.warmup + args.steps)
     model = GPT(m)
     opt_params = peers_config.optimizer_params(cfg)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, opt_params["weight_decay"]),
-                                           config=ds_cfg)
+    groups = param_groups(model, opt_params["weight_decay"])
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_cfg)
     offload_opt, offload_param = peers_config.offloads(cfg)
 
     def step(batches):
@@ -216,7 +213,8 @@ def deepspeed_trainer(args, cfg, m, gas, bf16):
         return total_loss
 
     what = "bf16 params and compute, fp32 master (bf16.enabled)" if bf16 else "fp32"
-    what += f", ZeRO-3, optimizer {type(engine.optimizer.optimizer).__name__ if hasattr(engine.optimizer, 'optimizer') else type(engine.optimizer).__name__}"
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)  # ZeRO-3 wraps the basic optimizer
+    what += f", ZeRO-3, optimizer {type(inner).__name__}"
     if offload_opt:
         what += ", offload_optimizer cpu"
     if offload_param:
@@ -245,6 +243,7 @@ def main():
     if distributed:
         backend = "gloo"
         if args.mode == "deepspeed":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before DeepSpeed picks an accelerator
             import deepspeed
 
             deepspeed.init_distributed(dist_backend=None)  # the CPU accelerator's choice: ccl if installed, else gloo
