@@ -285,7 +285,9 @@ def main():
     ap.add_argument("--params", default="10M,100M,1B", help="optimizer sizes (skipped when they do not fit)")
     ap.add_argument("--threads", type=int, default=2, help="optimizer threads")
     ap.add_argument("--repeats", type=int, default=5, help="optimizer steps per size and run; the best counts")
-    ap.add_argument("--mpirun", default="mpirun --oversubscribe --allow-run-as-root",
+    # --bind-to none: Open MPI binds each of up to two ranks to one core by default, which leaves a single
+    # rank one core of two; the peers' torchrun does not bind.
+    ap.add_argument("--mpirun", default="mpirun --oversubscribe --allow-run-as-root --bind-to none",
                     help="how zero3's ranks are launched (the -np N is added)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds one contestant's run may take")
     ap.add_argument("--json", help="also write every figure to this file")
