@@ -10,9 +10,11 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "host_gemm.hpp"
 #include "host_parallel.hpp"
+#include "vector_math.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models::ops {
@@ -205,15 +207,36 @@ void layernorm_backward(const T* x, const T* w, const T* stat, const T* dy, T* d
   });
 }
 
+// tanh(sqrt(2/pi) (x + 0.044715 x^3)) of x[b, e) into t[0, e - b); float through vmath::tanh_f32.
 template <typename T>
-void gelu_forward(const T* x, T* y, Index n) {
+void gelu_tanh(const T* x, T* t, Index b, Index e) {
   const T scale = static_cast<T>(kGeluScale);
   const T cubic = static_cast<T>(kGeluCubic);
+  for (Index i = b; i < e; ++i) {
+    const T v = x[i];
+    t[i - b] = scale * (v + cubic * v * v * v);
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    vmath::tanh_f32(t, t, e - b);
+  } else {
+    for (Index i = 0; i < e - b; ++i) t[i] = std::tanh(t[i]);
+  }
+}
+
+// Per-thread scratch of a chunk's tanh values (chunks are at most kElemChunk elements).
+template <typename T>
+T* gelu_scratch(Index n) {
+  thread_local std::vector<T> scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  return scratch.data();
+}
+
+template <typename T>
+void gelu_forward(const T* x, T* y, Index n) {
   for_elems(n, [&](Index b, Index e) {
-    for (Index i = b; i < e; ++i) {
-      const T v = x[i];
-      y[i] = T(0.5) * v * (T(1) + std::tanh(scale * (v + cubic * v * v * v)));
-    }
+    T* t = gelu_scratch<T>(e - b);
+    gelu_tanh(x, t, b, e);
+    for (Index i = b; i < e; ++i) y[i] = T(0.5) * x[i] * (T(1) + t[i - b]);
   });
 }
 
@@ -222,9 +245,11 @@ void gelu_backward(const T* x, const T* dy, T* dx, Index n) {
   const T scale = static_cast<T>(kGeluScale);
   const T cubic = static_cast<T>(kGeluCubic);
   for_elems(n, [&](Index b, Index e) {
+    T* tv = gelu_scratch<T>(e - b);
+    gelu_tanh(x, tv, b, e);
     for (Index i = b; i < e; ++i) {
       const T v = x[i];
-      const T t = std::tanh(scale * (v + cubic * v * v * v));
+      const T t = tv[i - b];
       const T dt = (T(1) - t * t) * scale * (T(1) + T(3) * cubic * v * v);
       dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * dt);
     }

@@ -6,5 +6,8 @@ if(TARGET zero3_models)
   zero3_unit_test(gpt_host_compute SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt_host_compute.cpp
                   LIBS zero3_models TBB::tbb fmt::fmt)
   target_include_directories(test_gpt_host_compute PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
+  # The vectorized tanh of the host models against tanh in double; reads the private vector_math.hpp.
+  zero3_unit_test(vector_math SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vector_math.cpp LIBS zero3_models)
+  target_include_directories(test_vector_math PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
   zero3_unit_test(mlp SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_mlp.cpp LIBS zero3_models zero3_data fmt::fmt)
 endif()
