@@ -127,13 +127,18 @@ def adamw(params, opt, fused):
 # ---- the three trainers; each returns step(batches) -> loss -----------------------------------------------
 
 
-def torch_trainer(args, cfg, m, gas, bf16):
-    model = GPT(m)
+def torch_optimizer(args, cfg, model):
+    """The torch and FSDP2 trainers' AdamW, WarmupDecayLR-shaped schedule and clipping, from the config."""
     opt_params = peers_config.optimizer_params(cfg)
     optimizer = adamw(param_groups(model, opt_params["weight_decay"]), opt_params, args.adamw == "fused")
-    clip = peers_config.gradient_clipping(cfg)
     total = args.warmup + args.steps
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_decay(s, 10, total))
+    return optimizer, sched, peers_config.gradient_clipping(cfg)
+
+
+def torch_trainer(args, cfg, m, gas, bf16):
+    model = GPT(m)
+    optimizer, sched, clip = torch_optimizer(args, cfg, model)
 
     def step(batches):
         total_loss = 0.0
@@ -166,11 +171,7 @@ def fsdp2_trainer(args, cfg, m, gas, bf16):
     for block in model.blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
-    opt_params = peers_config.optimizer_params(cfg)
-    optimizer = adamw(param_groups(model, opt_params["weight_decay"]), opt_params, args.adamw == "fused")
-    clip = peers_config.gradient_clipping(cfg)
-    total = args.warmup + args.steps
-    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_decay(s, 10, total))
+    optimizer, sched, clip = torch_optimizer(args, cfg, model)
 
     def step(batches):
         total_loss = 0.0
