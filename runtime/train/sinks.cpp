@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <system_error>
@@ -136,7 +137,9 @@ void CsvMonitor::write(const std::string& name, double value, std::int64_t sampl
 }
 
 void EntropyFloorCheck::on_log(const LogEvent& e) {
-  if (!e.entropy_floor || e.heldout_loss >= *e.entropy_floor - margin_) return;
+  // A NaN compares below nothing: a non-finite held-out loss is a diverged model, which the trainer reports
+  // as such at the end of the run, not a model that sees the future.
+  if (!e.entropy_floor || !std::isfinite(e.heldout_loss) || e.heldout_loss >= *e.entropy_floor - margin_) return;
   throw Error(fmt::format(
       "step {}: held-out loss {:.4f} is below the data's entropy floor {:.4f} nats/token; no model can do that on "
       "unseen data, so the model sees what it should not (a future token?)",

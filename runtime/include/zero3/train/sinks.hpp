@@ -72,7 +72,8 @@ class CsvMonitor final : public TrainObserver {
 };
 
 // A held-out loss below the data's entropy floor by more than the estimate's sampling noise (`margin`
-// nats) means the model sees what it should not (a future token): the run stops with an Error.
+// nats) means the model sees what it should not (a future token): the run stops with an Error. A non-finite
+// held-out loss is not checked here (a diverged model; the trainer reports it when the run ends).
 class EntropyFloorCheck final : public TrainObserver {
  public:
   explicit EntropyFloorCheck(double margin = 0.05) : margin_(margin) {}
