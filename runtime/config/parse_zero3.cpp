@@ -154,6 +154,7 @@ void parse_zero3_block(ObjectReader& top, Context& cx) {
       r.error("pinned_memory_budget_gb", fmt::format("expected a number > 0 or \"auto\", got {}", describe(*b)));
     }
   }
+  r.get_bool("single_rank_in_place", s.single_rank_in_place);
   parse_model(r, cx);
   parse_data(r, cx);
   parse_run(r, cx);

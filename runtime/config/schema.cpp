@@ -531,6 +531,9 @@ constexpr KeySpec kKeys[] = {
     {"zero3", "pinned_memory_budget_gb", "number > 0 or \"auto\"", "\"auto\"", S::implemented, A::rejected,
      "GiB of pinned host memory per rank, checked before allocation; auto: half of MemAvailable shared by the "
      "node's ranks, capped by the memlock limit where pinning uses mlock"},
+    {"zero3", "single_rank_in_place", "bool", "true", S::implemented, A::rejected,
+     "world size 1: no collectives; units computed on their shards in place (params on the device), gradients "
+     "written into the fp32 accumulators where dtypes allow (docs/engine.md); false: the sharded path"},
     {"zero3", "model", "object", "none", S::implemented, A::rejected, "the model to train"},
     {"zero3", "data", "object", "{}", S::implemented, A::rejected, "the training data"},
     {"zero3", "run", "object", "none", S::implemented, A::rejected, "run length; feeds scheduler \"auto\" values"},

@@ -263,6 +263,7 @@ Json zero3_json(const Zero3Settings& s) {
   Json j = Json::object();
   j["seed"] = s.seed;
   j["strict"] = s.strict;
+  j["single_rank_in_place"] = s.single_rank_in_place;
   j["pinned_memory_budget_gb"] = s.pinned_memory_budget_gb ? Json(*s.pinned_memory_budget_gb) : str("auto");
   if (s.model) {
     Json m = Json::object();

@@ -95,6 +95,7 @@ class HostDevice final : public Device {
   HostDevice& operator=(const HostDevice&) = delete;
   DeviceKind kind() const override { return DeviceKind::host; }
   std::string description() const override;
+  bool guards_scope_memory() const override { return guard_; }
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void copy_async(BufferView dst, ConstBufferView src, Stream& stream) override;

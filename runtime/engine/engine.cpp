@@ -321,17 +321,19 @@ void Engine::Impl::finalize() {
 }
 
 engine::Wiring Engine::Impl::make_wiring() {
-  return {.layout = *layout,
-          .config = config,
-          .device = *device,
-          .communicator = *communicator,
-          .compute_stream = *compute,
-          .comm_stream = *comm_stream,
-          .events = *events,
-          .compute_dtype = dtype,
-          .comm_dtype = comm_dtype,
-          .stats = stats,
-          .timeline = *timeline};
+  return {
+      .layout = *layout,
+      .config = config,
+      .device = *device,
+      .communicator = *communicator,
+      .compute_stream = *compute,
+      .comm_stream = *comm_stream,
+      .events = *events,
+      .compute_dtype = dtype,
+      .comm_dtype = comm_dtype,
+      .stats = stats,
+      .timeline = *timeline,
+      .single_rank_in_place = config.zero3.single_rank_in_place && world.size == 1 && !device->guards_scope_memory()};
 }
 
 void Engine::Impl::log_finalized() const {
@@ -405,12 +407,14 @@ void Engine::Impl::step_boundary(StepResult& r) {
     out = optimizer_step->run(marks);
   } catch (const NonFiniteError&) {
     // The run ends, but the engine stays usable (state reads, a checkpoint): the step counts as skipped.
+    reducer->accumulators_cleared();
     ++global_step;
     ++skipped_steps;
     comm_stream->record(*step_done);
     compute->wait(*step_done);
     throw;
   }
+  reducer->accumulators_cleared();  // every outcome of run() zeroed them
   if (timed) comm_stream->synchronize();
   const engine::Timeline::Summary times = timeline->summarize();
   stats.last_step_offload = times.offload;
@@ -536,7 +540,7 @@ Engine::GradScope Engine::grads(std::string_view unit) {
   if (impl.untraced) {
     throw UsageError(fmt::format("grads('{}'): an UntracedScope is open (forward-only gathers); close it first", unit));
   }
-  Buffer buffer = impl.reducer->open(u);
+  engine::GradBuffer buffer = impl.reducer->open(u);
   const std::uint64_t token = impl.next_token++;
   impl.scopes.push_back(
       {true, u, token, std::move(buffer), impl.timeline->begin(*impl.compute, engine::Timeline::Lane::compute)});
@@ -746,7 +750,7 @@ BufferView Engine::GradScope::grad(std::string_view name) const {
                     "has no gradient",
                     name, name, unit_name));
   }
-  return scope->grads.view().slice(p.offset, p.numel);
+  return scope->grads.view.slice(p.offset, p.numel);
 }
 
 void Engine::GradScope::close() {

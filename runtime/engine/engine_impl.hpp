@@ -48,7 +48,7 @@ struct Engine::Impl {
     bool grad = false;
     std::size_t unit = 0;
     std::uint64_t token = 0;
-    Buffer grads;                        // grad scopes: the full-size gradient buffer
+    engine::GradBuffer grads;            // grad scopes: the full-size gradient buffer
     std::uint64_t compute_interval = 0;  // Timeline id of the scope's compute-stream interval
   };
   OpenScope* find_scope(std::uint64_t token);

@@ -37,6 +37,7 @@ GatherCoordinator::GatherCoordinator(const Wiring& wiring, BufferView param_shar
       units_(wiring.layout.units.size()),
       frees_(wiring.events) {
   offloaded_ = param_shards_.kind != MemoryKind::device;
+  in_place_ = wiring.single_rank_in_place && !offloaded_;
   if (!offloaded_) return;
   // Offloaded params: persistent units keep a device copy (their compute reads it every micro-step),
   // refreshed after each step; everything else is copied to the device as part of its gather.
@@ -76,7 +77,7 @@ void GatherCoordinator::add_gathered(std::size_t elems) {
 
 void GatherCoordinator::acquire(std::size_t unit) {
   UnitState& s = units_[unit];
-  if (layout_.units[unit].persistent) {  // always whole on this rank: nothing to gather, nothing to trace
+  if (whole_here(unit)) {  // nothing to gather, nothing to trace
     ++s.open;
     return;
   }
@@ -199,7 +200,7 @@ bool GatherCoordinator::keep_for_reuse(std::size_t unit) const {
 void GatherCoordinator::release(std::size_t unit) {
   UnitState& s = units_[unit];
   ZERO3_CHECK(s.open > 0, "GatherCoordinator::release of a unit that is not acquired");
-  if (--s.open > 0 || layout_.units[unit].persistent) return;
+  if (--s.open > 0 || whole_here(unit)) return;
   if (keep_for_reuse(unit)) return;
   free_unit(unit, compute_);
 }
@@ -219,7 +220,7 @@ void GatherCoordinator::free_unit(std::size_t unit, Stream& last_user) {
 BufferView GatherCoordinator::param(std::size_t param_index) const {
   const ParamLayout& p = layout_.params[param_index];
   const UnitLayout& ul = layout_.units[p.unit];
-  if (ul.persistent) {
+  if (whole_here(p.unit)) {
     if (offloaded_) return persistent_copies_[p.unit].view().slice(ul.gathered_offset(p.group) + p.offset, p.numel);
     return param_shards_.slice(ul.group(p.group).flat_offset + p.offset, p.numel);
   }

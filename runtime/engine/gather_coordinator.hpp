@@ -4,6 +4,8 @@
 // accumulation window is recorded as a trace; in later windows each acquire is checked against it, and
 // upcoming units are prefetched on the communication stream within prefetch_bucket_size and
 // max_live_parameters. A changed order is reported and the trace re-recorded.
+// At world size 1 with the shards on the device (Wiring::single_rank_in_place) every unit is used from its
+// shard in place, as persistent units always are: nothing is gathered, traced or prefetched.
 // Every decision depends only on the sequence of calls (never on timing), so all ranks issue the same
 // collectives. Engine thread only; all-gathers go on the comm stream, joins are stream waits on events.
 #pragma once
@@ -62,6 +64,8 @@ class GatherCoordinator {
     std::size_t last_pos = 0;  // trace position of the most recent acquire
   };
 
+  // The unit's full params are this rank's shard (persistent units; every unit in place at world size 1).
+  bool whole_here(std::size_t unit) const { return in_place_ || layout_.units[unit].persistent; }
   void check_trace(std::size_t unit);
   void prefetch();
   void gather(std::size_t unit, bool prefetched);
@@ -86,6 +90,7 @@ class GatherCoordinator {
   std::uint64_t max_reuse_;
 
   bool offloaded_ = false;                 // param_shards_ in host memory
+  bool in_place_ = false;                  // world size 1, shards on the device: no unit is gathered
   std::vector<Buffer> persistent_copies_;  // offloaded: device copies of persistent units (gathered layout)
   std::vector<UnitState> units_;
   DeferredFrees frees_;

@@ -24,11 +24,23 @@ GradReducer::GradReducer(const Wiring& wiring, ShardOptimizer& optimizer)
   const auto bucket = static_cast<std::size_t>(std::max<std::int64_t>(wiring.config.zero.reduce_bucket_size, 0));
   piece_ = std::max(kAlignElems, bucket / w / kAlignElems * kAlignElems);
   max_pending_ = bucket;
+  single_rank_ = wiring.single_rank_in_place;
+  in_place_grads_ = single_rank_ && dtype_ == DType::f32 && comm_dtype_ == DType::f32;
+  written_.assign(layout_.units.size(), false);
 }
 
-Buffer GradReducer::open(std::size_t unit) {
+GradBuffer GradReducer::open(std::size_t unit) {
   const UnitLayout& ul = layout_.units[unit];
   const GroupLayout& g = ul.group(Group::trainable);
+  if (in_place_grads_ && !written_[unit] && g.padded > 0) {
+    // Zero since the last clear_grads(), and the compute stream waited for that step: written as is, the
+    // gradients are already what one rank's reduction and accumulation would leave there.
+    const BufferView acc = optimizer_.device_accumulator(g.flat_offset, g.padded);
+    if (acc.count == g.padded) {
+      written_[unit] = true;
+      return {Buffer{}, acc, true};
+    }
+  }
   // A backward far ahead of its reductions would pile up gradient buffers: beyond reduce_bucket_size
   // elements still waiting, wait for the oldest reduction instead.
   frees_.reclaim();
@@ -36,7 +48,12 @@ Buffer GradReducer::open(std::size_t unit) {
   }
   Buffer grads = device_.allocate(g.padded, dtype_, MemoryKind::device, MemCategory::grad_buffer);
   if (!grads.empty()) kernels::fill(compute_, grads.view(), 0.0f);
-  return grads;
+  const BufferView view = grads.view();
+  return {std::move(grads), view, false};
+}
+
+void GradReducer::accumulators_cleared() {
+  written_.assign(written_.size(), false);
 }
 
 BufferView GradReducer::scratch(Buffer& buffer, std::size_t count) {
@@ -47,23 +64,40 @@ BufferView GradReducer::scratch(Buffer& buffer, std::size_t count) {
   return buffer.view().slice(0, count);
 }
 
-void GradReducer::reduce(std::size_t unit, Buffer grads) {
-  if (grads.empty()) return;
+void GradReducer::reduce(std::size_t unit, GradBuffer grads) {
+  if (grads.in_place || grads.owned.empty()) return;
+  written_[unit] = true;
   const UnitLayout& ul = layout_.units[unit];
   const GroupLayout& g = ul.group(Group::trainable);
   // The reduction reads what the compute stream wrote: everything enqueued there so far.
   compute_.record(*compute_done_);
   comm_stream_.wait(*compute_done_);
   const comm::ScopedOpAnnotation note("reduce", ul.name);
-  if (ul.persistent) {
-    reduce_persistent(g, grads.view());
+  if (single_rank_) {
+    accumulate_single_rank(g, grads.view);
+  } else if (ul.persistent) {
+    reduce_persistent(g, grads.view);
     stats_.all_reduce_elems += g.numel;
   } else {
-    reduce_sharded(g, grads.view());
+    reduce_sharded(g, grads.view);
     stats_.reduce_scatter_elems += g.numel;
   }
-  frees_.release(std::move(grads), comm_stream_);
+  frees_.release(std::move(grads.owned), comm_stream_);
   frees_.reclaim();
+}
+
+void GradReducer::accumulate_single_rank(const GroupLayout& g, BufferView grads) {
+  if (comm_dtype_ == dtype_) {
+    optimizer_.accumulate(g.flat_offset, grads.slice(0, g.shard), comm_stream_);
+    return;
+  }
+  // The collective would round to the communication dtype: so does this, a piece at a time.
+  for (std::size_t a = 0; a < g.shard; a += piece_) {
+    const std::size_t n = std::min(piece_, g.shard - a);
+    const BufferView cast = scratch(send_, n);
+    kernels::cast(comm_stream_, cast, grads.slice(a, n));
+    optimizer_.accumulate(g.flat_offset + a, cast, comm_stream_);
+  }
 }
 
 void GradReducer::reduce_sharded(const GroupLayout& g, BufferView grads) {

@@ -231,6 +231,11 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     }
   }
 
+  BufferView device_accumulator(std::size_t offset, std::size_t count) override {
+    if (device_part_ && offset + count <= cut_) return device_part_->device_accumulator(offset, count);
+    return {};
+  }
+
   void grad_stats(Stream& stream, BufferView scalars, bool check_overflow, bool include_persistent) override {
     if (device_part_) device_part_->grad_stats(stream, scalars, check_overflow, include_persistent);
     if (chunks_.empty()) return;

@@ -41,6 +41,10 @@ class DeviceShardOptimizer final : public ShardOptimizer {
     stream.device().kernels().accumulate(stream, acc_.view().slice(offset, reduced.count), reduced, 1.0f);
   }
 
+  BufferView device_accumulator(std::size_t offset, std::size_t count) override {
+    return acc_.view().slice(offset, count);
+  }
+
   void grad_stats(Stream& stream, BufferView scalars, bool check_overflow, bool include_persistent) override {
     const BufferView flag = scalars.slice(0, 1);
     const BufferView sum_sq = scalars.slice(1, 1);

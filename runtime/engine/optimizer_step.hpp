@@ -56,6 +56,14 @@ class ShardOptimizer {
   // accumulator elements [offset, offset + reduced.count), in stream order after the work on `stream`;
   // `reduced` may be overwritten by work enqueued on `stream` after this call.
   virtual void accumulate(std::size_t offset, ConstBufferView reduced, Stream& stream) = 0;
+  // Accumulator elements [offset, offset + count) as device memory a gradient may be written into
+  // directly (world size 1: the reduction of one rank is the gradient itself), or an empty view where the
+  // accumulators are elsewhere (host memory). Zero between clear_grads() and the first write.
+  virtual BufferView device_accumulator(std::size_t offset, std::size_t count) {
+    (void)offset;
+    (void)count;
+    return {};
+  }
   // At the boundary: enqueues on `stream` the addition of this rank's [non-finite flag, sum of squares] of
   // the accumulators into `scalars` (device memory, fp32 x 2). The flag is counted only when
   // `check_overflow`; the persistent range [sharded_count, state_count) only when `include_persistent`.

@@ -29,6 +29,10 @@ struct Wiring {
   DType comm_dtype;     // gradient reduction
   EngineStats& stats;
   Timeline& timeline;
+  // World size 1 and zero3.single_rank_in_place, without the host backend's scope-memory guard: gradients
+  // skip the collectives, and units are used from their shards in place where those are in device memory
+  // (docs/engine.md, "World size 1").
+  bool single_rank_in_place;
 };
 
 }  // namespace zero3::engine

@@ -63,11 +63,16 @@ std::uint64_t session_seed() {
 
 // ---- configs
 
+// At world size 1 the engine uses units in place (zero3.single_rank_in_place) and gathers nothing; the tests
+// of gathers, prefetch and communication volume ask for the sharded path, which larger worlds take anyway.
+constexpr const char* kShardedPath = R"("single_rank_in_place": false)";
+
 struct ConfigText {
   int gas = 1;
   std::string optimizer = R"({"type": "AdamW", "params": {"lr": 0.001}})";
-  std::string zero;  // extra zero_optimization keys, e.g. R"("stage3_max_reuse_distance": 0)"
-  std::string top;   // extra top-level keys, e.g. R"("bf16": {"enabled": true})"
+  std::string zero;   // extra zero_optimization keys, e.g. R"("stage3_max_reuse_distance": 0)"
+  std::string top;    // extra top-level keys, e.g. R"("bf16": {"enabled": true})"
+  std::string zero3;  // extra keys of the "zero3" block, e.g. kShardedPath
   double clipping = 0.0;
   int stage = 3;
   bool with_optimizer = true;
@@ -75,8 +80,9 @@ struct ConfigText {
   std::string json() const {
     std::string s = fmt::format(
         R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {}, "gradient_clipping": {},
-             "zero_optimization": {{"stage": {}{}{}}}, "zero3": {{"device": "{}", "seed": {}}})",
-        gas, clipping, stage, zero.empty() ? "" : ", ", zero, test::test_device_name(), session_seed());
+             "zero_optimization": {{"stage": {}{}{}}}, "zero3": {{"device": "{}", "seed": {}{}{}}})",
+        gas, clipping, stage, zero.empty() ? "" : ", ", zero, test::test_device_name(), session_seed(),
+        zero3.empty() ? "" : ", ", zero3);
     if (with_optimizer) s += fmt::format(R"(, "optimizer": {})", optimizer);
     if (!top.empty()) s += ", " + top;
     return s + "}";
@@ -545,6 +551,7 @@ TEST_CASE("gathers are released after use when reuse is off", "[engine][gather]"
   ConfigText text;
   text.zero =
       R"("stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 0)";
+  text.zero3 = kShardedPath;
   auto e = make_engine(text);
   declare(*e, kLayers);
   const std::vector<std::string> order = names(kLayers);
@@ -568,6 +575,7 @@ TEST_CASE("prefetch stays within max_live_parameters", "[engine][gather]") {
   ConfigText text;
   text.zero = R"("stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 3000,
                  "stage3_max_live_parameters": 4000, "stage3_param_persistence_threshold": 0)";
+  text.zero3 = kShardedPath;
   auto e = make_engine(text);
   declare(*e, kLayers);
   const std::vector<std::string> order = names(kLayers);
@@ -590,6 +598,7 @@ TEST_CASE("prefetch stays within max_live_parameters", "[engine][gather]") {
 TEST_CASE("a unit used again soon stays gathered (max_reuse_distance)", "[engine][gather]") {
   ConfigText text;
   text.zero = R"("stage3_param_persistence_threshold": 0)";  // reuse distance and live budget: DeepSpeed's defaults
+  text.zero3 = kShardedPath;
   auto e = make_engine(text);
   declare(*e, kLayers);
   const std::vector<std::string> order = names(kLayers);
@@ -608,6 +617,7 @@ TEST_CASE("a changed gather order rebuilds the trace once", "[engine][gather]") 
   ConfigText text;
   text.zero = R"("stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 3000,
                  "stage3_max_live_parameters": 5000, "stage3_param_persistence_threshold": 0)";
+  text.zero3 = kShardedPath;
   auto e = make_engine(text);
   declare(*e, kLayers);
   std::vector<std::string> order = names(kLayers);
@@ -634,6 +644,7 @@ TEST_CASE("an evaluation pass inside untraced() leaves the trace alone", "[engin
   ConfigText text;
   text.zero = R"("stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 3000,
                  "stage3_max_live_parameters": 5000, "stage3_param_persistence_threshold": 0)";
+  text.zero3 = kShardedPath;
   auto e = make_engine(text);
   declare(*e, kLayers);
   const std::vector<std::string> order = names(kLayers);
@@ -699,6 +710,7 @@ TEST_CASE("wall_clock_breakdown reports the step's waits and optimizer time", "[
 TEST_CASE("one all-gather per use and one reduce-scatter per unit", "[engine][comm]") {
   ConfigText text;
   text.zero = R"("stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 50)";
+  text.zero3 = kShardedPath;
   auto e = make_engine(text);
   const std::vector<UnitSpec> units = {flat_unit("emb", 1000), flat_unit("norm", 40), flat_unit("h0", 333),
                                        flat_unit("h1", 777)};

@@ -33,6 +33,9 @@ using model::Arch;
 namespace {
 
 constexpr int kSteps = 20;
+// At world size 1 the engine uses units in place (zero3.single_rank_in_place); the tests of the gather and
+// reduction machinery ask for the sharded path, which every world size above 1 takes anyway.
+constexpr const char* kShardedPath = R"("single_rank_in_place": false)";
 
 // Per dtype (docs/testing.md explains each number):
 //  norm: ||zero3 - ref|| / ||ref|| per param after the run;
@@ -377,7 +380,9 @@ TEST_CASE("gathered params stay within max_live_parameters + the prefetch bucket
   limited.zero = fmt::format(
       R"("stage3_param_persistence_threshold": 200, "stage3_max_live_parameters": {}, "stage3_prefetch_bucket_size": {})",
       kMaxLive, kPrefetch);
+  limited.zero3_extra = kShardedPath;
   ConfigText unlimited;  // DeepSpeed's defaults: 1e9 live, 5e7 prefetched
+  unlimited.zero3_extra = kShardedPath;
   EngineTrainer zt(limited.parse(), mc, units);
   EngineTrainer free_run(unlimited.parse(), mc, units);
   zt.engine().reset_peaks();
@@ -430,6 +435,7 @@ TEST_CASE("communication per step is 3 psi - 3 x persistent with max_reuse_dista
   const auto units = model::model_units(mc);
   ConfigText text;
   text.zero = R"("stage3_param_persistence_threshold": 200, "stage3_max_reuse_distance": 0)";
+  text.zero3_extra = kShardedPath;
   EngineTrainer zt(text.parse(), mc, units);
   const std::uint64_t psi = model::total_elems(units);
   std::uint64_t persistent = 0;
@@ -452,6 +458,79 @@ TEST_CASE("communication per step is 3 psi - 3 x persistent with max_reuse_dista
     CHECK(st.last_step_all_gather_elems + st.last_step_reduce_scatter_elems == 3 * psi - 3 * persistent);
     // Persistent units are never gathered; their gradients are all-reduced.
     CHECK(st.last_step_all_reduce_elems == persistent);
+  }
+}
+
+TEST_CASE("world size 1 in place gives the sharded path's results bit for bit", "[equivalence][in_place]") {
+  const model::ModelConfig mc = transformer();
+  const auto units = model::model_units(mc);
+  struct Case {
+    const char* what;
+    const char* precision;
+    const char* optimizer;
+    int gas;
+  };
+  const Case cases[] = {
+      {"fp32 AdamW", "", R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.05}})", 1},
+      {"fp32 AdamW, accumulation 3", "", R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.05}})", 3},
+      {"fp32 Lion, accumulation 2", "", R"({"type": "Lion", "params": {"lr": 1e-4, "weight_decay": 0.05}})", 2},
+      {"bf16 AdamW, accumulation 2", R"("bf16": {"enabled": true})",
+       R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.05}})", 2},
+      {"fp16 Adagrad", R"("fp16": {"enabled": true, "initial_scale_power": 8})",
+       R"({"type": "Adagrad", "params": {"lr": 1e-2}})", 1},
+  };
+  for (const Case& c : cases) {
+    ConfigText text;
+    text.train_batch = 12 * c.gas;
+    text.gas = c.gas;
+    text.precision = c.precision;
+    text.optimizer = c.optimizer;
+    text.clipping = 0.5;
+    ConfigText sharded = text;
+    sharded.zero3_extra = kShardedPath;
+    EngineTrainer in_place(text.parse(), mc, units);
+    EngineTrainer reference(sharded.parse(), mc, units);
+    in_place.engine().reset_peaks();
+    for (int s = 0; s < 6; ++s) {
+      double la = 0.0;
+      double lb = 0.0;
+      const StepResult a = in_place.train_step(s, &la);
+      const StepResult b = reference.train_step(s, &lb);
+      INFO(fmt::format("{}: step {}: loss {} vs {}, grad norm {} vs {}", c.what, s, la, lb, a.grad_norm, b.grad_norm));
+      CHECK(la == lb);
+      CHECK(a.grad_norm == b.grad_norm);
+      CHECK(a.applied == b.applied);
+    }
+    for (const TensorKind kind : {TensorKind::param, TensorKind::master, TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
+      for (const UnitSpec& u : units) {
+        for (const ParamSpec& p : u.params) {
+          if (!in_place.engine().state().keeps_state(kind)) continue;
+          const std::vector<float> a = in_place.engine().gather_tensor(p.name, kind);
+          const std::vector<float> b = reference.engine().gather_tensor(p.name, kind);
+          INFO(fmt::format("{}: {} of {}", c.what, tensor_kind_name(kind), p.name));
+          CHECK((a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0));
+        }
+      }
+    }
+    const EngineStats st = in_place.engine().stats();
+    const MemoryTracker& mem = in_place.engine().memory();
+    INFO(c.what);
+    if (world_size() == 1) {
+      // Nothing gathered, nothing communicated; fp32 gradients written straight into the accumulators
+      // (except the accumulation window's later micro-batches, which add theirs).
+      CHECK(st.last_step_all_gather_elems == 0);
+      CHECK(st.last_step_reduce_scatter_elems + st.last_step_all_reduce_elems == 0);
+      CHECK(mem.get(MemoryKind::device, MemCategory::param_gathered).peak_bytes == 0);
+      const bool fp32 = std::string_view(c.precision).empty();
+      CHECK((mem.get(MemoryKind::device, MemCategory::grad_buffer).peak_bytes == 0) == (fp32 && c.gas == 1));
+      CHECK(reference.engine().stats().last_step_all_gather_elems > 0);
+    } else {
+      CHECK(st.last_step_all_gather_elems == reference.engine().stats().last_step_all_gather_elems);
+    }
+    if (world_rank() == 0) {
+      std::printf("[np%d] in place vs sharded path, %s: bitwise equal; gathered %llu elements per step\n", world_size(),
+                  c.what, static_cast<unsigned long long>(st.last_step_all_gather_elems));
+    }
   }
 }
 

@@ -2,8 +2,9 @@
 // engine through its unit walk, next to the same model trained without it (whole fp32 buffers walked by a
 // plain train::UnitSource, the same model code, the same host optimizer kernels on a host device stream),
 // in one run, plus the engine's communication volume per step and its gathered-params peak. Runs as a
-// single process without mpirun (the world then has one rank); under mpirun every rank runs both trainers
-// and rank 0 reports.
+// single process without mpirun (the world then has one rank, where the engine uses its units in place and
+// runs no collective: docs/engine.md, "World size 1"); under mpirun every rank runs both trainers and rank 0
+// reports.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -211,8 +212,10 @@ void run_bench(const BenchOptions& o) {
   const double p_ms = p.median;
   const std::uint64_t comm = st.last_step_all_gather_elems + st.last_step_reduce_scatter_elems;
   // Each sharded unit: gathered for forward and for backward, its gradient reduce-scattered. Persistent
-  // units are never gathered; their gradients are all-reduced (reported separately).
-  const std::uint64_t expected = 3 * st.total_elems - 3 * st.persistent_elems;
+  // units are never gathered; their gradients are all-reduced (reported separately). At world size 1 the
+  // engine runs no collective (zero3.single_rank_in_place, on by default).
+  const bool in_place = world.size == 1 && cfg.zero3.single_rank_in_place;
+  const std::uint64_t expected = in_place ? 0 : 3 * st.total_elems - 3 * st.persistent_elems;
   if (world.rank != 0) return;
 
   if (o.json) {
@@ -239,8 +242,12 @@ void run_bench(const BenchOptions& o) {
   fmt::print("communication per step (elements):\n");
   fmt::print("  {:<34} {:>12}  (all-gather {}, reduce-scatter {})\n", "gathered + reduce-scattered", comm,
              st.last_step_all_gather_elems, st.last_step_reduce_scatter_elems);
-  fmt::print("  {:<34} {:>12}  (3 x {} - 3 x {} persistent)\n", "expected", expected, st.total_elems,
-             st.persistent_elems);
+  if (in_place) {
+    fmt::print("  {:<34} {:>12}  (world size 1: units used in place, no collectives)\n", "expected", expected);
+  } else {
+    fmt::print("  {:<34} {:>12}  (3 x {} - 3 x {} persistent)\n", "expected", expected, st.total_elems,
+               st.persistent_elems);
+  }
   fmt::print("  {:<34} {:>12}\n", "all-reduced (persistent grads)", st.last_step_all_reduce_elems);
   fmt::print("gathered peak: {} elements, param_gathered peak {} bytes\n", st.gathered_peak_elems, gathered.peak_bytes);
 }

@@ -298,6 +298,10 @@ struct Zero3Settings {
   std::int64_t seed = 42;
   bool strict = false;  // lint mode for the config itself: what DeepSpeed would ignore or relax is an error
   std::optional<double> pinned_memory_budget_gb;  // nullopt: "auto", decided at startup from host memory
+  // At world size 1 with the params on the device: units are computed on the param shards in place and
+  // gradients written straight into the fp32 accumulators where the dtypes allow, with no collective
+  // (docs/engine.md, "World size 1"); false keeps the sharded path of every world size.
+  bool single_rank_in_place = true;
   std::optional<ModelSettings> model;
   DataSettings data;
   std::optional<RunSettings> run;

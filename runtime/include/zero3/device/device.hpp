@@ -108,6 +108,10 @@ class Device {
   // PCI bus id of the accelerator ("0000:3b:00.0"), for NUMA placement of its host buffers; nullopt for the
   // host backend.
   virtual std::optional<std::string> pci_bus_id() const { return std::nullopt; }
+  // Whether host-thread access to scope memory (gathered params, gradient buffers) is trapped: the host
+  // backend's debugging guard (HostDeviceOptions::guard_scope_memory). Code that would hand out other
+  // memory in their place (the engine at world size 1) keeps the scope buffers while it is on.
+  virtual bool guards_scope_memory() const { return false; }
 
   virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
