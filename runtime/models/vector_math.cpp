@@ -1,4 +1,5 @@
-// tanh_f32 with an AVX-512 path chosen at run time (target attribute: the file needs no -m flags).
+// tanh_f32, exp_f32 and round_to_bf16 with an AVX-512 path chosen at run time (target attribute: the file needs no -m
+// flags).
 #include "vector_math.hpp"
 
 #include <cmath>
@@ -17,13 +18,13 @@
 namespace zero3::models::vmath {
 namespace {
 
-void tanh_scalar(const float* x, float* y, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
-}
-
 #if defined(ZERO3_VMATH_X86)
 
 __attribute__((target("avx512f"))) __m512 exp_avx512(__m512 x) {
+  // Past these, exp(x) is above FLT_MAX or below half the least subnormal: clamping keeps k finite (and
+  // -Inf from making r a NaN) without changing any result. max_ps and min_ps return their second operand
+  // when either is NaN: x goes second, so a NaN stays a NaN.
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
   // exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in two parts (|r| <= ln 2 / 2).
   const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -38,8 +39,8 @@ __attribute__((target("avx512f"))) __m512 exp_avx512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  // p * 2^k, exact while the result is a normal float, rounded once into the subnormals below that.
+  return _mm512_scalef_ps(p, k);
 }
 
 __attribute__((target("avx512f"))) __m512 tanh_avx512(__m512 x) {
@@ -69,12 +70,39 @@ __attribute__((target("avx512f"))) __m512 tanh_avx512(__m512 x) {
       _mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(xi, sign_mask)));
 }
 
-__attribute__((target("avx512f"))) void tanh_avx512_span(const float* x, float* y, std::size_t n) {
+// y[i] = F(x[i]) over 16 floats at a time, the tail through a masked load and store.
+template <__m512 (*F)(__m512)>
+__attribute__((target("avx512f"))) void map_avx512(const float* x, float* y, std::size_t n) {
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, tanh_avx512(_mm512_loadu_ps(x + i)));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, F(_mm512_loadu_ps(x + i)));
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(y + i, m, tanh_avx512(_mm512_maskz_loadu_ps(m, x + i)));
+    _mm512_mask_storeu_ps(y + i, m, F(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+// float_to_bf16 on 16 lanes of the integer view, each result in the low half of its lane:
+// (u + 0x7fff + lsb) >> 16 rounds to nearest even (a carry out of the significand steps the exponent, up
+// to Inf); a NaN keeps its top bits with the quiet bit set.
+__attribute__((target("avx512f"))) __m512i bf16_lanes(__m512i u) {
+  const __m512i high = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_blend_epi32(nan, rounded, quiet);
+}
+
+__attribute__((target("avx512f"))) void round_to_bf16_avx512(const float* x, bf16_t* y, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        _mm512_cvtepi32_epi16(bf16_lanes(_mm512_loadu_si512(x + i))));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_cvtepi32_storeu_epi16(y + i, m, bf16_lanes(_mm512_maskz_loadu_epi32(m, x + i)));
   }
 }
 
@@ -90,11 +118,31 @@ bool has_avx512() {
 void tanh_f32(const float* x, float* y, std::size_t n) {
 #if defined(ZERO3_VMATH_X86)
   if (has_avx512()) {
-    tanh_avx512_span(x, y, n);
+    map_avx512<tanh_avx512>(x, y, n);
     return;
   }
 #endif
-  tanh_scalar(x, y, n);
+  for (std::size_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+
+void exp_f32(const float* x, float* y, std::size_t n) {
+#if defined(ZERO3_VMATH_X86)
+  if (has_avx512()) {
+    map_avx512<exp_avx512>(x, y, n);
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+void round_to_bf16(const float* x, bf16_t* y, std::size_t n) {
+#if defined(ZERO3_VMATH_X86)
+  if (has_avx512()) {
+    round_to_bf16_avx512(x, y, n);
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]);
 }
 
 }  // namespace zero3::models::vmath
