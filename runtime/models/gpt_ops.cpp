@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -28,7 +27,9 @@ constexpr double kGeluCubic = 0.044715;
 // a thread, small enough that a small GPT's 1024 rows make dozens of chunks.
 constexpr Index kRowChunk = 16;
 constexpr Index kElemChunk = Index{1} << 14;
-constexpr Index kColChunk = 32;
+// A column block's sum reads a 1 KiB run of every row (fp32): long enough for the prefetchers. A column's
+// sum is the same whatever the block width (its rows are added in order either way).
+constexpr Index kColChunk = 256;
 
 // fn(r) for each row r of [0, rows), in row chunks on the pool.
 template <typename Fn>
@@ -104,22 +105,17 @@ void linear_backward(const T* x, const T* w, const T* dy, T* dx, bool accumulate
 }
 
 void round_to_bf16(const float* src, bf16_t* dst, Index n) {
-  for_elems(n, [&](Index b, Index e) {
-    // float_to_bf16 without its branch, so the loop vectorizes: NaNs stay quiet NaNs, the rest rounds to
-    // nearest even (overflow carries into Inf).
-    for (Index i = b; i < e; ++i) {
-      std::uint32_t u;
-      std::memcpy(&u, src + i, sizeof u);
-      const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-      const std::uint32_t nan = (u >> 16) | 0x0040u;
-      dst[i].bits = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-    }
-  });
+  for_elems(n, [&](Index b, Index e) { vmath::round_to_bf16(src + b, dst + b, e - b); });
+}
+
+// At least n elements: grown, never shrunk, so a step's alternating sizes do not refill it each time.
+void reserve_scratch(std::vector<bf16_t>& scratch, Index n) {
+  if (scratch.size() < n) scratch.resize(n);
 }
 
 void linear_forward_bf16(const float* x, const bf16_t* w, const float* bias, float* y, Index rows, Index in, Index out,
                          std::vector<bf16_t>& x_scratch) {
-  x_scratch.resize(rows * in);
+  reserve_scratch(x_scratch, rows * in);
   round_to_bf16(x, x_scratch.data(), rows * in);
   if (bias != nullptr) fill_bias_rows(bias, y, rows, out);
   gemm::gemm_bf16(false, true, rows, out, in, 1.0f, x_scratch.data(), in, w, in, bias != nullptr ? 1.0f : 0.0f, y, out);
@@ -128,13 +124,13 @@ void linear_forward_bf16(const float* x, const bf16_t* w, const float* bias, flo
 void linear_backward_bf16(const float* x, const bf16_t* w, const float* dy, float* dx, bool accumulate_dx, float* dw,
                           float* dbias, Index rows, Index in, Index out, std::vector<bf16_t>& x_scratch,
                           std::vector<bf16_t>& dy_scratch) {
-  dy_scratch.resize(rows * out);
+  reserve_scratch(dy_scratch, rows * out);
   round_to_bf16(dy, dy_scratch.data(), rows * out);
   if (dx != nullptr) {
     gemm::gemm_bf16(false, false, rows, in, out, 1.0f, dy_scratch.data(), out, w, in, accumulate_dx ? 1.0f : 0.0f, dx,
                     in);
   }
-  x_scratch.resize(rows * in);
+  reserve_scratch(x_scratch, rows * in);
   round_to_bf16(x, x_scratch.data(), rows * in);  // the forward's rounding again: the same bits
   gemm::gemm_bf16(true, false, out, in, rows, 1.0f, dy_scratch.data(), out, x_scratch.data(), in, 1.0f, dw, in);
   if (dbias != nullptr) add_column_sums(dy, dbias, rows, out);
@@ -223,18 +219,33 @@ void gelu_tanh(const T* x, T* t, Index b, Index e) {
   }
 }
 
-// Per-thread scratch of a chunk's tanh values (chunks are at most kElemChunk elements).
+// Per-thread scratch of a chunk's tanh values or a row's exponentials.
 template <typename T>
-T* gelu_scratch(Index n) {
+T* thread_scratch(Index n) {
   thread_local std::vector<T> scratch;
   if (scratch.size() < n) scratch.resize(n);
   return scratch.data();
 }
 
+// out[j] = exp(x[j] - shift) for j in [0, n), returning their sum in double (x and out may be the same
+// array); float through vmath::exp_f32.
+template <typename T>
+double exp_shifted(const T* x, T* out, Index n, T shift) {
+  for (Index j = 0; j < n; ++j) out[j] = x[j] - shift;
+  if constexpr (std::is_same_v<T, float>) {
+    vmath::exp_f32(out, out, n);
+  } else {
+    for (Index j = 0; j < n; ++j) out[j] = std::exp(out[j]);
+  }
+  double sum = 0;
+  for (Index j = 0; j < n; ++j) sum += out[j];
+  return sum;
+}
+
 template <typename T>
 void gelu_forward(const T* x, T* y, Index n) {
   for_elems(n, [&](Index b, Index e) {
-    T* t = gelu_scratch<T>(e - b);
+    T* t = thread_scratch<T>(e - b);
     gelu_tanh(x, t, b, e);
     for (Index i = b; i < e; ++i) y[i] = T(0.5) * x[i] * (T(1) + t[i - b]);
   });
@@ -245,7 +256,7 @@ void gelu_backward(const T* x, const T* dy, T* dx, Index n) {
   const T scale = static_cast<T>(kGeluScale);
   const T cubic = static_cast<T>(kGeluCubic);
   for_elems(n, [&](Index b, Index e) {
-    T* tv = gelu_scratch<T>(e - b);
+    T* tv = thread_scratch<T>(e - b);
     gelu_tanh(x, tv, b, e);
     for (Index i = b; i < e; ++i) {
       const T v = x[i];
@@ -273,11 +284,7 @@ void attention_forward(const T* qkv, T* prob, T* att, Index batch, Index len, In
     for (Index t = 0; t < len; ++t) {
       T* row = p + t * len;
       const T mx = *std::max_element(row, row + t + 1);
-      double sum = 0;
-      for (Index j = 0; j <= t; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        sum += row[j];
-      }
+      const double sum = exp_shifted(row, row, t + 1, mx);
       const T inv = static_cast<T>(1.0 / sum);
       for (Index j = 0; j <= t; ++j) row[j] *= inv;
       std::fill(row + t + 1, row + len, T(0));
@@ -327,8 +334,7 @@ T cross_entropy_forward(const T* logits, const std::int32_t* targets, T* losses,
   for_rows(rows, [&](Index i) {
     const T* li = logits + i * vocab;
     const T mx = *std::max_element(li, li + vocab);
-    double sum = 0;
-    for (Index j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(li[j] - mx));
+    const double sum = exp_shifted(li, thread_scratch<T>(vocab), vocab, mx);
     row_loss[i] = static_cast<double>(mx) + std::log(sum) - static_cast<double>(li[targets[i]]);
     losses[i] = static_cast<T>(row_loss[i]);
   });
@@ -344,11 +350,7 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, T* dlo
     const T* li = logits + i * vocab;
     T* di = dlogits + i * vocab;
     const T mx = *std::max_element(li, li + vocab);
-    double sum = 0;
-    for (Index j = 0; j < vocab; ++j) {
-      di[j] = std::exp(li[j] - mx);
-      sum += di[j];
-    }
+    const double sum = exp_shifted(li, di, vocab, mx);
     const T k = static_cast<T>(static_cast<double>(scale) / sum);
     for (Index j = 0; j < vocab; ++j) di[j] *= k;
     di[targets[i]] -= scale;
