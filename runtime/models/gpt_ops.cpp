@@ -237,9 +237,16 @@ double exp_shifted(const T* x, T* out, Index n, T shift) {
   } else {
     for (Index j = 0; j < n; ++j) out[j] = std::exp(out[j]);
   }
-  double sum = 0;
-  for (Index j = 0; j < n; ++j) sum += out[j];
-  return sum;
+  // Eight partial sums (lane j % 8), added pairwise at the end: one running double sum would wait on each
+  // add's latency, and a fixed order keeps the result independent of threads.
+  constexpr Index kLanes = 8;
+  double part[kLanes] = {};
+  Index j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (Index l = 0; l < kLanes; ++l) part[l] += out[j + l];
+  }
+  for (; j < n; ++j) part[j % kLanes] += out[j];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
 template <typename T>
