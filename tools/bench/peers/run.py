@@ -4,8 +4,10 @@
   python tools/bench/peers/run.py --zero3 build-host/bin/zero3 --rounds 5 [--only gpt|optimizer]
                                   [--config configs/gpt-small.json] [--python VENV/bin/python]
 
-Each round runs every contestant once, in an order that rotates from round to round, so that a machine
-that slows down or speeds up during the run weighs on every contestant alike. At the end one table gives,
+Each round runs every contestant once, in an order shuffled afresh each round (seeded: --seed), so that a
+machine that slows down or speeds up during the run weighs on every contestant alike, and no contestant
+always runs right after the same one (after a 1B-param optimizer run the kernel is still reclaiming GBs
+of memory); --settle idle seconds follow each such run. At the end one table gives,
 per comparison, zero3's figure over the peer's in every round, their median and range, and the median
 absolute figures. The peers (torch, FSDP2, DeepSpeed) come from tools/bench/peers/setup.sh's environment.
 """
@@ -14,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import random
 import re
 import shutil
 import statistics
@@ -63,8 +66,9 @@ def json_lines(text):
 
 
 class Contestant:
-    def __init__(self, name, run):
-        self.name, self.run = name, run
+    def __init__(self, name, run, heavy=False):
+        # heavy: allocates GBs (the optimizer sizes); the next run waits --settle seconds after it.
+        self.name, self.run, self.heavy = name, run, heavy
 
 
 def peer_env(threads=None):
@@ -190,9 +194,9 @@ def optimizer_contestants(args, info):
                     info.setdefault("cpu_adam_load_s", []).append(r["cpu_adam_load_s"])
             return figures
 
-        return Contestant(variant, run)
+        return Contestant(variant, run, heavy=True)
 
-    contestants.append(Contestant("zero3 cpu-optimizer", zero3))
+    contestants.append(Contestant("zero3 cpu-optimizer", zero3, heavy=True))
     for v in ("torch_fused", "torch_foreach", "ds_cpu_adam", "ds_offload"):
         contestants.append(peer(v))
     comparisons = []
@@ -290,6 +294,9 @@ def main():
     ap.add_argument("--mpirun", default="mpirun --oversubscribe --allow-run-as-root --bind-to none",
                     help="how zero3's ranks are launched (the -np N is added)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds one contestant's run may take")
+    ap.add_argument("--seed", type=int, default=1, help="seeds each round's order of the contestants")
+    ap.add_argument("--settle", type=float, default=20.0,
+                    help="idle seconds after each optimizer run: the next run is slower while its GBs are reclaimed")
     ap.add_argument("--json", help="also write every figure to this file")
     args = ap.parse_args()
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
@@ -343,13 +350,17 @@ def main():
         print(f"peers: torch {versions.split()[0]}, deepspeed {versions.split()[1]} ({args.python})")
         print(f"zero3: {args.zero3}")
         print(f"model: {peers_config.describe(m)}; {args.warmup} + {args.steps} steps per GPT run")
-        print(f"{len(contestants)} contestants x {args.rounds} rounds, order rotating per round", flush=True)
+        print(f"{len(contestants)} contestants x {args.rounds} rounds, order shuffled per round (seed {args.seed}), "
+              f"{args.settle:g} s idle after each optimizer run", flush=True)
         results = {}
         failures = []
         for rnd in range(args.rounds):
-            shift = rnd % len(contestants)
-            order = contestants[shift:] + contestants[:shift]
+            order = random.Random(args.seed * 1000 + rnd).sample(contestants, len(contestants))
+            previous = None
             for c in order:
+                if previous is not None and previous.heavy:
+                    time.sleep(args.settle)
+                previous = c
                 t0 = time.perf_counter()
                 try:
                     results[(c.name, rnd)] = c.run()
