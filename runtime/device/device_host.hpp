@@ -107,6 +107,10 @@ class HostDevice final : public Device {
 
  private:
   void reserve_device_bytes(std::size_t size_bytes);
+  // A new block of `rounded` bytes (large ones 2 MiB-aligned plus a stagger, advised for huge pages), or
+  // null; free_fresh gives one back.
+  void* allocate_fresh(std::size_t rounded, MemoryKind kind);
+  static void free_fresh(void* ptr, std::size_t rounded) noexcept;
   void* take_cached(std::size_t rounded);
   void release_cache() noexcept;
   HostDeviceOptions options_;
@@ -118,6 +122,7 @@ class HostDevice final : public Device {
   // on first touch. An allocation the OS refuses empties the cache and retries.
   std::mutex cache_mutex_;
   std::unordered_map<std::size_t, std::vector<void*>> device_cache_;
+  std::atomic<std::size_t> next_stagger_{0};  // large buffers' start offsets rotate (device_host.cpp)
 };
 
 }  // namespace zero3

@@ -5,7 +5,6 @@
 // path, repeats interleaved; optionally next to torch.optim.AdamW figures from tools/bench/torch_adamw.py --json.
 // One size's buffers at a time.
 #include <fmt/format.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +24,7 @@
 #include "commands.hpp"
 #include "cpu_optimizer_bench.hpp"
 #include "zero3/core/error.hpp"
+#include "zero3/device/device.hpp"
 #include "zero3/offload/cpu_optimizer.hpp"
 #include "zero3/offload/pinned_budget.hpp"
 
@@ -104,35 +104,37 @@ std::uint64_t memory_margin(std::uint64_t available) {
   return std::max<std::uint64_t>(std::uint64_t{1} << 30, available / 10);
 }
 
-// One host array, 2 MiB aligned and advised for transparent huge pages (the step streams GBs through the
-// TLB); released to the OS when destroyed, so one size's buffers are gone before the next is allocated.
+// The host device whose allocator the engine's offloaded state comes from (pageable here: pinning is
+// mlock, which changes no bandwidth): large buffers 2 MiB-aligned, advised for huge pages, and staggered
+// so that the step's streams do not share DRAM banks (runtime/device/device_host.cpp).
+Device& host_device() {
+  static const std::unique_ptr<Device> device = make_host_device();
+  return *device;
+}
+
+// One host array from that allocator; released when destroyed, so one size's buffers are gone before the
+// next is allocated.
 class HostArray {
  public:
   HostArray() = default;
   HostArray(std::size_t size_bytes, const char* name) {
-    constexpr std::size_t kAlign = std::size_t{2} << 20;
-    const std::size_t rounded = (size_bytes + kAlign - 1) / kAlign * kAlign;
-    ptr_ = std::aligned_alloc(kAlign, rounded);
-    if (ptr_ == nullptr)
-      throw OutOfMemory(fmt::format("zero3 bench cpu-optimizer: cannot allocate {} bytes for {}", rounded, name));
-    madvise(ptr_, rounded, MADV_HUGEPAGE);  // advice only: without THP the bench still runs
+    try {
+      // Every size here is whole 16-bit elements (n x 4 or n x 2 bytes).
+      buffer_ =
+          host_device().allocate(size_bytes / 2, DType::bf16, MemoryKind::pageable_host, MemCategory::optim_state);
+    } catch (const OutOfMemory& e) {
+      throw OutOfMemory(
+          fmt::format("zero3 bench cpu-optimizer: cannot allocate {} bytes for {}: {}", size_bytes, name, e.what()));
+    }
   }
-  ~HostArray() { std::free(ptr_); }
-  HostArray(HostArray&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)) {}
-  HostArray& operator=(HostArray&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    return *this;
-  }
-  HostArray(const HostArray&) = delete;
-  HostArray& operator=(const HostArray&) = delete;
 
   template <typename T>
   T* as() const {
-    return static_cast<T*>(ptr_);
+    return static_cast<T*>(buffer_.data());
   }
 
  private:
-  void* ptr_ = nullptr;
+  Buffer buffer_;
 };
 
 // The buffers of one size: fp32 grad, master and the optimizer's states, bf16 param.
