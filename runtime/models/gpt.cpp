@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "exact_resize.hpp"
 #include "gpt_ops.hpp"
 #include "host_adapter.hpp"
 #include "host_gemm.hpp"
@@ -263,11 +264,11 @@ void GptModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
   // Train keeps every unit's output; eval alternates two buffers (unit u writes u % 2).
   auto stream = [&](std::size_t u) -> std::vector<T>& { return residual_[train ? u : u % 2]; };
   if (unit == 0) {
-    stream(0).resize(rows * d);
+    detail::resize_exact(stream(0), rows * d);
     forward_embed(params, stream(0).data());
   } else if (unit + 1 < num_units()) {
     std::vector<T>& out = stream(unit);
-    out.resize(rows * d);
+    detail::resize_exact(out, rows * d);
     forward_block(blocks_[train ? unit - 1 : 0], params, stream(unit - 1).data(), out.data());
   } else {
     forward_head(params, stream(unit - 1).data());
@@ -299,23 +300,23 @@ void GptModel<T>::forward_block(BlockActs& a, std::span<const T* const> p, const
   const Index f = idx(config_.mlp_hidden());
   const Index len = idx(len_);
   const Index heads = idx(config_.heads);
-  a.ln1.resize(rows * d);
-  a.ln1_stat.resize(2 * rows);
+  detail::resize_exact(a.ln1, rows * d);
+  detail::resize_exact(a.ln1_stat, 2 * rows);
   ops::layernorm_forward(in, p[kLn1Weight], p[kLn1Bias], a.ln1.data(), a.ln1_stat.data(), rows, d);
-  a.qkv.resize(rows * 3 * d);
+  detail::resize_exact(a.qkv, rows * 3 * d);
   linear_fwd(p, kQkvWeight, p[kQkvBias], a.ln1.data(), a.qkv.data(), rows, d, 3 * d);
-  a.prob.resize(idx(batch_) * heads * len * len);
-  a.att.resize(rows * d);
+  detail::resize_exact(a.prob, idx(batch_) * heads * len * len);
+  detail::resize_exact(a.att, rows * d);
   ops::attention_forward(a.qkv.data(), a.prob.data(), a.att.data(), idx(batch_), len, heads, idx(config_.head_dim()));
-  a.res1.resize(rows * d);
+  detail::resize_exact(a.res1, rows * d);
   linear_fwd(p, kAttnProjWeight, p[kAttnProjBias], a.att.data(), a.res1.data(), rows, d, d);
   ops::add_inplace(a.res1.data(), in, rows * d);
-  a.ln2.resize(rows * d);
-  a.ln2_stat.resize(2 * rows);
+  detail::resize_exact(a.ln2, rows * d);
+  detail::resize_exact(a.ln2_stat, 2 * rows);
   ops::layernorm_forward(a.res1.data(), p[kLn2Weight], p[kLn2Bias], a.ln2.data(), a.ln2_stat.data(), rows, d);
-  a.fc.resize(rows * f);
+  detail::resize_exact(a.fc, rows * f);
   linear_fwd(p, kFcWeight, p[kFcBias], a.ln2.data(), a.fc.data(), rows, d, f);
-  a.gelu.resize(rows * f);
+  detail::resize_exact(a.gelu, rows * f);
   ops::gelu_forward(a.fc.data(), a.gelu.data(), rows * f);
   linear_fwd(p, kMlpProjWeight, p[kMlpProjBias], a.gelu.data(), out, rows, f, d);
   ops::add_inplace(out, a.res1.data(), rows * d);
@@ -326,12 +327,12 @@ void GptModel<T>::forward_head(std::span<const T* const> p, const T* in) {
   const Index rows = idx(batch_) * idx(len_);
   const Index d = idx(config_.hidden);
   const Index vocab = idx(config_.vocab_size);
-  lnf_.resize(rows * d);
-  lnf_stat_.resize(2 * rows);
+  detail::resize_exact(lnf_, rows * d);
+  detail::resize_exact(lnf_stat_, 2 * rows);
   ops::layernorm_forward(in, p[0], p[1], lnf_.data(), lnf_stat_.data(), rows, d);
-  logits_.resize(rows * vocab);
+  detail::resize_exact(logits_, rows * vocab);
   linear_fwd(p, 2, nullptr, lnf_.data(), logits_.data(), rows, d, vocab);
-  position_loss_.resize(rows);
+  detail::resize_exact(position_loss_, rows);
   const T total = ops::cross_entropy_forward(logits_.data(), targets_.data(), position_loss_.data(), rows, vocab);
   loss_ = total / static_cast<T>(rows);
 }
@@ -379,7 +380,7 @@ void GptModel<T>::backward_head(std::span<const T* const> p, std::span<T* const>
   // the logits after this.
   ops::cross_entropy_backward(logits_.data(), targets_.data(), logits_.data(), rows, vocab,
                               seed_scale / static_cast<T>(rows));
-  dnarrow_.resize(rows * d);
+  detail::resize_exact(dnarrow_, rows * d);
   linear_bwd(p, 2, lnf_.data(), logits_.data(), dnarrow_.data(), g[2], nullptr, rows, d, vocab);
   dresidual_.assign(rows * d, T(0));
   ops::layernorm_backward(residual_[idx(config_.layers)].data(), p[0], lnf_stat_.data(), dnarrow_.data(),
@@ -396,17 +397,17 @@ void GptModel<T>::backward_block(std::size_t unit, std::span<const T* const> p, 
   const T* in = residual_[unit - 1].data();
   T* dres = dresidual_.data();  // dL/d(block output) now; dL/d(block input) when done
   // MLP branch: out = res1 + proj(gelu(fc(ln2(res1)))).
-  dwide_.resize(rows * f);
+  detail::resize_exact(dwide_, rows * f);
   linear_bwd(p, kMlpProjWeight, a.gelu.data(), dres, dwide_.data(), g[kMlpProjWeight], g[kMlpProjBias], rows, f, d);
   ops::gelu_backward(a.fc.data(), dwide_.data(), dwide_.data(), rows * f);
-  dnarrow_.resize(rows * d);
+  detail::resize_exact(dnarrow_, rows * d);
   linear_bwd(p, kFcWeight, a.ln2.data(), dwide_.data(), dnarrow_.data(), g[kFcWeight], g[kFcBias], rows, d, f);
   ops::layernorm_backward(a.res1.data(), p[kLn2Weight], a.ln2_stat.data(), dnarrow_.data(), dres, g[kLn2Weight],
                           g[kLn2Bias], rows, d);
   // Attention branch: res1 = in + proj(attention(qkv(ln1(in)))).
   linear_bwd(p, kAttnProjWeight, a.att.data(), dres, dnarrow_.data(), g[kAttnProjWeight], g[kAttnProjBias], rows, d, d);
-  dqkv_.resize(rows * 3 * d);
-  dprob_.resize(idx(batch_) * idx(config_.heads) * len * len);
+  detail::resize_exact(dqkv_, rows * 3 * d);
+  detail::resize_exact(dprob_, idx(batch_) * idx(config_.heads) * len * len);
   ops::attention_backward(a.qkv.data(), a.prob.data(), dnarrow_.data(), dqkv_.data(), dprob_.data(), idx(batch_), len,
                           idx(config_.heads), idx(config_.head_dim()));
   linear_bwd(p, kQkvWeight, a.ln1.data(), dqkv_.data(), dnarrow_.data(), g[kQkvWeight], g[kQkvBias], rows, d, 3 * d);
@@ -452,6 +453,43 @@ std::size_t GptModel<T>::activation_bytes() const {
   }
   return elems * sizeof(T) + (round_x_.capacity() + round_dy_.capacity()) * sizeof(bf16_t) +
          (tokens_.capacity() + targets_.capacity()) * sizeof(std::int32_t);
+}
+
+template <typename T>
+std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products) const {
+  const Index d = idx(config_.hidden);
+  const Index f = idx(config_.mlp_hidden());
+  const Index vocab = idx(config_.vocab_size);
+  const Index heads = idx(config_.heads);
+  const Index n = idx(len);
+  const Index rows = idx(micro_batch) * n;
+  const Index eval_rows = idx(eval_batch) * n;
+  const Index layers = idx(config_.layers);
+  // Each buffer holds the larger of its train and held-out sizes where both passes use it.
+  const auto both = [&](Index per_row) { return std::max(rows, eval_rows) * per_row; };
+  const auto block = [&](Index r, Index batch) {  // one BlockActs
+    // ln1, att, res1, ln2; the two stats; qkv; prob; fc and gelu.
+    return r * d * 4 + 2 * r * 2 + r * 3 * d + batch * heads * n * n + r * f * 2;
+  };
+  Index elems = 0;
+  for (Index u = 0; u <= layers; ++u) elems += u < 2 ? both(d) : rows * d;  // residual_: eval uses two
+  for (Index b = 0; b < layers; ++b) {
+    if (b > 0) {
+      elems += block(rows, idx(micro_batch));
+      continue;
+    }
+    // blocks_[0] serves both passes: each of its buffers at the larger size.
+    const Index r = std::max(rows, eval_rows);
+    elems += block(r, std::max(idx(micro_batch), idx(eval_batch)));
+  }
+  elems += both(d) + both(2) + both(vocab) + both(1);  // lnf_, lnf_stat_, logits_, losses
+  elems += rows * d + rows * f + rows * d + rows * 3 * d + idx(micro_batch) * heads * n * n;     // backward scratch
+  std::size_t bytes = elems * sizeof(T) + 2 * std::max(rows, eval_rows) * sizeof(std::int32_t);  // tokens, targets
+  if (bf16_products) {
+    // round_x_: a layer's input (at most the MLP's inner width); round_dy_: a layer's output gradient.
+    bytes += (both(std::max(d, f)) + rows * std::max({3 * d, f, vocab})) * sizeof(bf16_t);
+  }
+  return bytes;
 }
 
 template class GptModel<float>;

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "exact_resize.hpp"
 #include "host_gemm.hpp"
 #include "host_parallel.hpp"
 #include "vector_math.hpp"
@@ -108,9 +109,10 @@ void round_to_bf16(const float* src, bf16_t* dst, Index n) {
   for_elems(n, [&](Index b, Index e) { vmath::round_to_bf16(src + b, dst + b, e - b); });
 }
 
-// At least n elements: grown, never shrunk, so a step's alternating sizes do not refill it each time.
+// At least n elements: grown (to exactly the largest size asked for), never shrunk, so a step's
+// alternating sizes do not refill it each time.
 void reserve_scratch(std::vector<bf16_t>& scratch, Index n) {
-  if (scratch.size() < n) scratch.resize(n);
+  if (scratch.size() < n) detail::resize_exact(scratch, n);
 }
 
 void linear_forward_bf16(const float* x, const bf16_t* w, const float* bias, float* y, Index rows, Index in, Index out,

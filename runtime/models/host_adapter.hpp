@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "exact_resize.hpp"
 #include "host_gemm.hpp"
 #include "host_parallel.hpp"
 #include "zero3/core/dtype.hpp"
@@ -63,7 +64,8 @@ class HostAdapter final : public UnitModel {
     }
     stream.synchronize();  // the gathers and the zero fill of the gradient buffers
     const std::vector<const float*> p = widen(unit, params);
-    grad_scratch_.resize(grads.size());
+    // Grown, never shrunk: a unit with fewer params would otherwise free the scratch the next step reallocates.
+    if (grad_scratch_.size() < grads.size()) grad_scratch_.resize(grads.size());
     std::vector<float*> g;
     for (std::size_t k = 0; k < grads.size(); ++k) {
       if (grads[k].dtype == DType::f32) {  // the engine's buffer is zero-filled: accumulate straight into it
@@ -93,6 +95,38 @@ class HostAdapter final : public UnitModel {
     return model_.activation_bytes() + scratch;
   }
   MemoryKind activation_memory() const override { return MemoryKind::pageable_host; }
+
+  std::size_t planned_activation_bytes(const ActivationShape& shape) const override {
+    bool bf16_products = false;
+    if constexpr (kTakesBf16) bf16_products = shape.params == DType::bf16 && gemm::bf16_native();
+    // The adapter's own scratch: at each param position k, the largest 16-bit param widened to float (those
+    // the model does not multiply as bf16) and the largest 16-bit gradient computed in float.
+    std::vector<std::size_t> widened;
+    std::vector<std::size_t> grads;
+    if (shape.params != DType::f32) {
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        const std::vector<ParamSpec>& params = units_[u].params;
+        widened.resize(std::max(widened.size(), params.size()));
+        grads.resize(std::max(grads.size(), params.size()));
+        for (std::size_t k = 0; k < params.size(); ++k) {
+          bool as_bf16 = false;
+          if constexpr (kTakesBf16) as_bf16 = bf16_products && model_.bf16_operand(u, k);
+          if (!as_bf16) widened[k] = std::max(widened[k], params[k].numel());
+          if (params[k].trainable) grads[k] = std::max(grads[k], params[k].numel());
+        }
+      }
+    }
+    std::size_t scratch = 0;
+    for (const std::size_t n : widened) scratch += n;
+    for (const std::size_t n : grads) scratch += n;
+    std::size_t model = 0;
+    if constexpr (requires(const Model& m) { m.planned_activation_bytes(0, 0, 0, false); }) {
+      model = model_.planned_activation_bytes(shape.micro_batch, shape.eval_batch, shape.len, bf16_products);
+    } else {
+      model = model_.planned_activation_bytes(shape.micro_batch, shape.eval_batch);
+    }
+    return model + scratch * sizeof(float);
+  }
 
  private:
   static constexpr bool kTakesBf16 = requires(const Model& m) { m.bf16_operand(std::size_t{}, std::size_t{}); };
@@ -127,7 +161,7 @@ class HostAdapter final : public UnitModel {
           continue;
         }
       }
-      param_scratch_[k].resize(v.count);
+      resize_exact(param_scratch_[k], v.count);
       float* dst = param_scratch_[k].data();
       par::for_chunks(v.count, kConvertChunk, [&](std::size_t, std::size_t b, std::size_t e) {
         for (std::size_t i = b; i < e; ++i) dst[i] = load_as_float(v.data, v.dtype, i);

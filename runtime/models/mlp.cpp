@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "exact_resize.hpp"
 #include "gpt_ops.hpp"
 #include "host_adapter.hpp"
 #include "zero3/core/error.hpp"
@@ -115,8 +116,8 @@ void MlpModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<cons
     }
   }
   const Index context = idx(config_.context);
-  inputs_.resize(idx(batch) * context);
-  targets_.resize(idx(batch));
+  detail::resize_exact(inputs_, idx(batch) * context);
+  detail::resize_exact(targets_, idx(batch));
   for (Index b = 0; b < idx(batch); ++b) {
     const Index last = (b + 1) * idx(len);  // one past the window's last position
     for (Index j = 0; j < context; ++j) inputs_[b * context + j] = tokens[last - context + j];
@@ -173,7 +174,7 @@ void MlpModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
   const bool train = pass_ == Pass::train;
   if (unit == 0) {
     const Index width = idx(config_.input_width());
-    embed_.resize(rows * width);
+    detail::resize_exact(embed_, rows * width);
     const T* wte = params[0];
     for (Index i = 0; i < rows * idx(config_.context); ++i) {
       const T* e = wte + idx(inputs_[i]) * d;
@@ -183,14 +184,14 @@ void MlpModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
     const std::size_t layer = unit - 1;
     const Index in = layer == 0 ? idx(config_.input_width()) : d;
     std::vector<T>& pre = pre_[train ? layer : 0];
-    pre.resize(rows * d);
-    post_[train ? layer : layer % 2].resize(rows * d);
+    detail::resize_exact(pre, rows * d);
+    detail::resize_exact(post_[train ? layer : layer % 2], rows * d);
     ops::linear_forward(layer_input(layer), params[0], params[1], pre.data(), rows, in, d);
     ops::gelu_forward(pre.data(), layer_output(layer), rows * d);
   } else {
-    logits_.resize(rows * vocab);
+    detail::resize_exact(logits_, rows * vocab);
     ops::linear_forward(layer_input(idx(config_.layers)), params[0], params[1], logits_.data(), rows, d, vocab);
-    position_loss_.resize(rows);
+    detail::resize_exact(position_loss_, rows);
     const T total = ops::cross_entropy_forward(logits_.data(), targets_.data(), position_loss_.data(), rows, vocab);
     loss_ = rows == 0 ? T(0) : total / static_cast<T>(rows);
     if (train) next_backward_ = num_units();
@@ -226,18 +227,18 @@ void MlpModel<T>::backward_unit(std::size_t unit, std::span<const T* const> para
     // dlogits overwrite the logits: nothing reads them after this.
     ops::cross_entropy_backward(logits_.data(), targets_.data(), logits_.data(), rows, vocab,
                                 seed_scale / static_cast<T>(rows));
-    dpost_.resize(rows * d);
+    detail::resize_exact(dpost_, rows * d);
     ops::linear_backward(layer_input(idx(config_.layers)), params[0], logits_.data(), dpost_.data(), false, grads[0],
                          grads[1], rows, d, vocab);
   } else if (unit > 0) {
     const std::size_t layer = unit - 1;
     const Index in = layer == 0 ? idx(config_.input_width()) : d;
-    dpre_.resize(rows * d);
+    detail::resize_exact(dpre_, rows * d);
     ops::gelu_backward(pre_[layer].data(), dpost_.data(), dpre_.data(), rows * d);
     // dpost_ now becomes dL/d(this layer's input): the previous layer's output, or the embeddings.
     T* dx = dpost_.data();
     if (layer == 0) {
-      dembed_.resize(rows * in);
+      detail::resize_exact(dembed_, rows * in);
       dx = dembed_.data();
     }
     ops::linear_backward(layer_input(layer), params[0], dpre_.data(), dx, false, grads[0], grads[1], rows, in, d);
@@ -259,6 +260,21 @@ std::size_t MlpModel<T>::activation_bytes() const {
   for (const std::vector<T>& v : pre_) elems += v.capacity();
   for (const std::vector<T>& v : post_) elems += v.capacity();
   return elems * sizeof(T) + (inputs_.capacity() + targets_.capacity()) * sizeof(std::int32_t);
+}
+
+template <typename T>
+std::size_t MlpModel<T>::planned_activation_bytes(int micro_batch, int eval_batch) const {
+  const Index rows = idx(micro_batch);
+  const Index eval_rows = idx(eval_batch);
+  const Index both = std::max(rows, eval_rows);
+  const Index d = idx(config_.hidden);
+  const Index in = idx(config_.input_width());
+  const Index layers = idx(config_.layers);
+  Index elems = both * in + both * idx(config_.vocab_size) + both;         // embed_, logits_, losses
+  for (Index l = 0; l < layers; ++l) elems += (l == 0 ? both : rows) * d;  // pre_: eval uses the first
+  for (Index l = 0; l < layers; ++l) elems += (l < 2 ? both : rows) * d;   // post_: eval uses two
+  elems += rows * d + rows * d + rows * in;                                // dpost_, dpre_, dembed_
+  return elems * sizeof(T) + (both * idx(config_.context) + both) * sizeof(std::int32_t);
 }
 
 template class MlpModel<float>;

@@ -10,4 +10,7 @@ if(TARGET zero3_models)
   zero3_unit_test(vector_math SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vector_math.cpp LIBS zero3_models)
   target_include_directories(test_vector_math PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
   zero3_unit_test(mlp SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_mlp.cpp LIBS zero3_models zero3_data fmt::fmt)
+  # The models' planned activations (the memory plan's activations category) against what they hold.
+  zero3_unit_test(activation_plan SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_activation_plan.cpp LIBS zero3_models
+                  fmt::fmt)
 endif()

@@ -108,6 +108,9 @@ class GptModel {
   // Bytes of the activations and scratch this model holds now (allocated capacity): what a train pass
   // keeps from forward to backward dominates; for the memory tracker's activations category.
   std::size_t activation_bytes() const;
+  // What activation_bytes() reports after train passes of `micro_batch` sequences and held-out passes of
+  // `eval_batch` (0: none) of `len` tokens; `bf16_products`: the linear layers take bf16 operands.
+  std::size_t planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products) const;
 
  private:
   // What one block keeps from forward for its backward; rows = batch * len.

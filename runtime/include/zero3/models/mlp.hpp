@@ -82,6 +82,9 @@ class MlpModel {
   // Bytes of the activations and scratch this model holds now (allocated capacity), for the memory
   // tracker's activations category.
   std::size_t activation_bytes() const;
+  // What activation_bytes() reports after train passes of `micro_batch` windows and held-out passes of
+  // `eval_batch` (0: none).
+  std::size_t planned_activation_bytes(int micro_batch, int eval_batch) const;
 
  private:
   void check_call(const char* what, std::size_t unit, std::size_t params, const T* const* ptrs) const;

@@ -57,6 +57,21 @@ class UnitModel {
   // it must read only what the calling thread sets (sizes fixed by set_batch, not by enqueued work).
   virtual std::size_t activation_bytes() const = 0;
   virtual MemoryKind activation_memory() const = 0;
+
+  // What activation_bytes() reports once the passes of a job have run: train passes of `shape.micro_batch`
+  // sequences and held-out passes of `shape.eval_batch` (0: none), `shape.len` tokens each, with the
+  // engine's params in `shape.params` dtype. For the memory plan (zero3/engine/memory_plan.hpp), before
+  // anything is computed; 0 (the default) for a model that cannot say.
+  struct ActivationShape {
+    int micro_batch = 0;
+    int eval_batch = 0;
+    int len = 0;
+    DType params = DType::f32;
+  };
+  virtual std::size_t planned_activation_bytes(const ActivationShape& shape) const {
+    (void)shape;
+    return 0;
+  }
 };
 
 }  // namespace zero3::models
