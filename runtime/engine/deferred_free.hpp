@@ -37,8 +37,9 @@ class DeferredFrees {
   void reclaim();
   // Blocks until the oldest pending buffer's event completes and frees it; false when none is pending.
   bool reclaim_oldest();
-  // Elements of the buffers still pending.
+  // Elements and number of the buffers still pending.
   std::size_t pending_elems() const { return pending_elems_; }
+  std::size_t pending_count() const { return pending_.size(); }
 
  private:
   struct Pending {

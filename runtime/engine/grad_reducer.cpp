@@ -7,6 +7,13 @@
 
 namespace zero3::engine {
 
+std::size_t reduce_piece_elems(int world_size, std::int64_t reduce_bucket_size) {
+  // reduce_bucket_size elements per collective: W pieces of this many, rounded down to the alignment.
+  const auto w = static_cast<std::size_t>(std::max(world_size, 1));
+  const auto bucket = static_cast<std::size_t>(std::max<std::int64_t>(reduce_bucket_size, 0));
+  return std::max(kAlignElems, bucket / w / kAlignElems * kAlignElems);
+}
+
 GradReducer::GradReducer(const Wiring& wiring, ShardOptimizer& optimizer)
     : layout_(wiring.layout),
       device_(wiring.device),
@@ -18,12 +25,10 @@ GradReducer::GradReducer(const Wiring& wiring, ShardOptimizer& optimizer)
       stats_(wiring.stats),
       optimizer_(optimizer),
       compute_done_(wiring.events.acquire()),
-      frees_(wiring.events) {
-  // reduce_bucket_size elements per collective: W pieces of this many, rounded down to the alignment.
-  const auto w = static_cast<std::size_t>(layout_.world_size);
-  const auto bucket = static_cast<std::size_t>(std::max<std::int64_t>(wiring.config.zero.reduce_bucket_size, 0));
-  piece_ = std::max(kAlignElems, bucket / w / kAlignElems * kAlignElems);
-  max_pending_ = bucket;
+      frees_(wiring.events),
+      grad_frees_(wiring.events) {
+  piece_ = reduce_piece_elems(layout_.world_size, wiring.config.zero.reduce_bucket_size);
+  max_pending_ = static_cast<std::size_t>(std::max<std::int64_t>(wiring.config.zero.reduce_bucket_size, 0));
   single_rank_ = wiring.single_rank_in_place;
   in_place_grads_ = single_rank_ && dtype_ == DType::f32 && comm_dtype_ == DType::f32;
   written_.assign(layout_.units.size(), false);
@@ -41,10 +46,15 @@ GradBuffer GradReducer::open(std::size_t unit) {
       return {Buffer{}, acc, true};
     }
   }
-  // A backward far ahead of its reductions would pile up gradient buffers: beyond reduce_bucket_size
-  // elements still waiting, wait for the oldest reduction instead.
+  // A backward ahead of its reductions would pile up gradient buffers. At most the previous unit's may still
+  // be reducing when this one's is made: anything older is waited for (it has had a unit's compute to
+  // finish, so normally nothing is), and the oldest while more than reduce_bucket_size elements wait. The
+  // gradient buffers' peak is then two units' whatever the reductions' timing (the memory plan's bound).
   frees_.reclaim();
-  while (frees_.pending_elems() > max_pending_ && frees_.reclaim_oldest()) {
+  grad_frees_.reclaim();
+  while (grad_frees_.pending_count() > 1 && grad_frees_.reclaim_oldest()) {
+  }
+  while (grad_frees_.pending_elems() > max_pending_ && grad_frees_.reclaim_oldest()) {
   }
   Buffer grads = device_.allocate(g.padded, dtype_, MemoryKind::device, MemCategory::grad_buffer);
   if (!grads.empty()) kernels::fill(compute_, grads.view(), 0.0f);
@@ -82,7 +92,8 @@ void GradReducer::reduce(std::size_t unit, GradBuffer grads) {
     reduce_sharded(g, grads.view);
     stats_.reduce_scatter_elems += g.numel;
   }
-  frees_.release(std::move(grads.owned), comm_stream_);
+  grad_frees_.release(std::move(grads.owned), comm_stream_);
+  grad_frees_.reclaim();
   frees_.reclaim();
 }
 

@@ -4,7 +4,8 @@
 // (avg) this rank's slice, and hands it to the optimizer's fp32 gradient accumulators (on the device, or copied to host
 // memory for CPU offload). Persistent units are all-reduced (avg) whole instead. Large units go in pieces of at most
 // reduce_bucket_size elements per collective, packed rank-major into a reusable comm buffer. Gradient buffers waiting
-// for their reduction are bounded by reduce_bucket_size elements (open() waits for the oldest beyond that).
+// for their reduction are bounded: the previous unit's at most, and reduce_bucket_size elements (open() waits
+// for the oldest beyond that).
 // At world size 1 (Wiring::single_rank_in_place) no collective runs: the average over one rank is the gradient, so
 // it goes to the accumulators as it is (cast to the communication dtype first when that differs); with fp32
 // gradients and accumulators in device memory, a unit's first GradScope of a window is the accumulator range
@@ -23,6 +24,10 @@
 #include "zero3/engine/stats.hpp"
 
 namespace zero3::engine {
+
+// Elements per rank in one reduce-scatter piece: reduce_bucket_size over the ranks, rounded down to the
+// alignment (at least one alignment unit).
+std::size_t reduce_piece_elems(int world_size, std::int64_t reduce_bucket_size);
 
 // A GradScope's gradients: a buffer of its own, or (in place) the unit's accumulator range.
 struct GradBuffer {
@@ -48,7 +53,10 @@ class GradReducer {
   // of each unit may be in place again.
   void accumulators_cleared();
   // Frees consumed gradient buffers (non-blocking).
-  void reclaim() { frees_.reclaim(); }
+  void reclaim() {
+    frees_.reclaim();
+    grad_frees_.reclaim();
+  }
   // Elements per rank in one reduce-scatter piece.
   std::size_t piece_elems() const { return piece_; }
 
@@ -72,9 +80,10 @@ class GradReducer {
   std::size_t piece_ = 0;        // per-rank elements of one reduce-scatter
   std::size_t max_pending_ = 0;  // gradient elements allowed to wait for their reduction
   std::unique_ptr<Event> compute_done_;
-  Buffer send_;  // packed / cast send buffer
-  Buffer recv_;  // this rank's reduced piece
-  DeferredFrees frees_;
+  Buffer send_;                  // packed / cast send buffer
+  Buffer recv_;                  // this rank's reduced piece
+  DeferredFrees frees_;          // outgrown scratch
+  DeferredFrees grad_frees_;     // gradient buffers, once their reduction has read them
   bool single_rank_ = false;     // world size 1: no collectives
   bool in_place_grads_ = false;  // single rank, fp32 gradients and communication
   std::vector<bool> written_;    // per unit: its accumulator range was written this window
