@@ -274,6 +274,21 @@ const kernels::KernelBackend& CudaDevice::kernels() const {
   return kernels::cuda_backend();
 }
 
+std::optional<std::uint64_t> CudaDevice::free_device_bytes() const {
+  DeviceScope scope(ordinal_);
+  std::size_t free = 0;
+  std::size_t total = 0;
+  ZERO3_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  std::uint64_t reserved = 0;
+  std::uint64_t used = 0;
+  if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved) != cudaSuccess ||
+      cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used) != cudaSuccess) {
+    (void)cudaGetLastError();
+    reserved = used = 0;
+  }
+  return std::uint64_t{free} + (reserved > used ? reserved - used : 0);
+}
+
 std::string CudaDevice::pool_usage_text() {
   std::uint64_t reserved = 0;
   std::uint64_t used = 0;

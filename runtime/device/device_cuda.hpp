@@ -74,6 +74,8 @@ class CudaDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::cuda; }
   std::string description() const override { return description_; }
   std::optional<std::string> pci_bus_id() const override { return pci_bus_id_; }
+  // cudaMemGetInfo's free memory plus what the device's pool holds unused (it hands that out first).
+  std::optional<std::uint64_t> free_device_bytes() const override;
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void copy_async(BufferView dst, ConstBufferView src, Stream& stream) override;

@@ -264,6 +264,11 @@ std::string memlock_limit_text() {
 }
 }  // namespace
 
+std::optional<std::uint64_t> HostDevice::free_device_bytes() const {
+  if (!options_.capacity_bytes) return std::nullopt;
+  return *options_.capacity_bytes - std::min<std::size_t>(device_bytes_in_use_.load(), *options_.capacity_bytes);
+}
+
 // Device-kind bytes count against the capacity cap before anything is allocated.
 void HostDevice::reserve_device_bytes(std::size_t size_bytes) {
   if (!options_.capacity_bytes) {

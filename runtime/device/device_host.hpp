@@ -96,6 +96,7 @@ class HostDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::host; }
   std::string description() const override;
   bool guards_scope_memory() const override { return guard_; }
+  std::optional<std::uint64_t> free_device_bytes() const override;
   std::unique_ptr<Stream> create_stream(std::string name) override;
   std::unique_ptr<Event> create_event() override;
   void copy_async(BufferView dst, ConstBufferView src, Stream& stream) override;

@@ -248,7 +248,8 @@ void Engine::Impl::check_offload_budget(const engine::Layout& built) {
   // Everything offload will take from host memory is checked against the budget before any of it (or
   // anything else) is allocated.
   const engine::HostFootprint need = engine::offload_footprint(
-      config, built, {.compute_dtype = dtype, .comm_dtype = comm_dtype, .params_on_device = !offload_params});
+      config, built, {.compute_dtype = dtype, .comm_dtype = comm_dtype, .params_on_device = !offload_params},
+      device->kind());
   offload::PinnedRequest request;
   request.pinned_bytes = need.pinned_bytes;
   request.pageable_bytes = need.pageable_bytes;

@@ -15,7 +15,6 @@ namespace zero3::engine {
 namespace {
 
 // Host values are produced in chunks of this many elements: bounded staging memory for any model size.
-constexpr std::size_t kInitChunkElems = std::size_t{1} << 20;
 
 // FNV-1a, 64-bit, over little-endian bytes: stable across ranks, runs and builds.
 struct Fnv {

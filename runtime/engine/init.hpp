@@ -21,6 +21,10 @@ namespace zero3::engine {
 // uniform(e), constant, or the custom fill function.
 void init_values(const ParamSpec& param, std::uint64_t seed, std::uint64_t first, std::span<float> out);
 
+// initialize_shards makes values this many at a time, in host staging (fp32, and their compute-dtype
+// rounding) of at most this many elements each.
+inline constexpr std::size_t kInitChunkElems = std::size_t{1} << 20;
+
 // Fills this rank's slices: master (fp32 pieces, layout.state_count) gets the trainable values, params (compute
 // dtype, layout.param_shard_count) their rounded copy, and frozen slices go straight to params. Padding is
 // 0. Enqueues on `stream` and synchronizes it. value_hashes[p] gets a hash of the fp32 values of param p

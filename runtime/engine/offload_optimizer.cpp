@@ -541,24 +541,41 @@ std::size_t offload_cut(const config::Config& config, std::size_t state_count) {
   return std::min(state_count, on_device * sub);
 }
 
-HostFootprint offload_footprint(const config::Config& config, const Layout& layout, const OffloadOptions& options) {
-  HostFootprint f;
-  const auto add = [&](bool pinned, std::uint64_t bytes) { (pinned ? f.pinned_bytes : f.pageable_bytes) += bytes; };
-  const config::ZeroConfig& zero = config.zero;
-  if (zero.offload_param.device == config::OffloadDevice::cpu) {
-    add(zero.offload_param.pin_memory, std::uint64_t{layout.param_shard_count} * size_of(options.compute_dtype));
+MemoryTable offload_optimizer_memory(const config::Config& config, const Layout& layout, const OffloadOptions& options,
+                                     DeviceKind device) {
+  MemoryTable t;
+  const config::OffloadConfig& off = config.zero.offload_optimizer;
+  if (off.device != config::OffloadDevice::cpu || !config.optimizer) return t;
+  const std::uint64_t states = static_cast<std::uint64_t>(state_tensors(config.optimizer->type));
+  const std::uint64_t cut = offload_cut(config, layout.state_count);
+  const std::uint64_t host = layout.state_count - cut;
+  // The device part: a device optimizer over [0, cut).
+  t.at(MemoryKind::device, MemCategory::master) += 4 * cut;
+  t.at(MemoryKind::device, MemCategory::grad_shard) += 4 * cut;
+  t.at(MemoryKind::device, MemCategory::optim_state) += 4 * states * cut;
+  if (host == 0) return t;
+  const MemoryKind kind = off.pin_memory ? MemoryKind::pinned_host : MemoryKind::pageable_host;
+  t.at(kind, MemCategory::master) += 4 * host;
+  t.at(kind, MemCategory::grad_shard) += 4 * host;
+  t.at(kind, MemCategory::optim_state) += 4 * states * host;
+  if (options.params_on_device) t.at(kind, MemCategory::staging) += host * size_of(options.compute_dtype);
+  const std::uint64_t slot = std::min(kSlotElems, std::max<std::size_t>(largest_arrival(layout), 1));
+  t.at(kind, MemCategory::staging) += kSlots * slot * size_of(options.comm_dtype);
+  const MemoryKind small = device == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
+  t.at(small, MemCategory::staging) += 2 * sizeof(float);
+  t.at(MemoryKind::device, MemCategory::workspace) += 2 * sizeof(float);
+  return t;
+}
+
+HostFootprint offload_footprint(const config::Config& config, const Layout& layout, const OffloadOptions& options,
+                                DeviceKind device) {
+  MemoryTable t = offload_optimizer_memory(config, layout, options, device);
+  const config::OffloadConfig& param = config.zero.offload_param;
+  if (param.device == config::OffloadDevice::cpu) {
+    t.at(param.pin_memory ? MemoryKind::pinned_host : MemoryKind::pageable_host, MemCategory::param_shard) +=
+        std::uint64_t{layout.param_shard_count} * size_of(options.compute_dtype);
   }
-  if (zero.offload_optimizer.device == config::OffloadDevice::cpu && config.optimizer) {
-    const std::uint64_t host = layout.state_count - offload_cut(config, layout.state_count);
-    const std::uint64_t per_elem = 4 * (2 + static_cast<std::uint64_t>(state_tensors(config.optimizer->type))) +
-                                   (options.params_on_device ? size_of(options.compute_dtype) : 0);
-    add(zero.offload_optimizer.pin_memory, host * per_elem);
-    if (host > 0) {
-      const std::uint64_t slot = std::min(kSlotElems, std::max<std::size_t>(largest_arrival(layout), 1));
-      add(zero.offload_optimizer.pin_memory, kSlots * slot * size_of(options.comm_dtype));
-    }
-  }
-  return f;
+  return {.pinned_bytes = t.total(MemoryKind::pinned_host), .pageable_bytes = t.total(MemoryKind::pageable_host)};
 }
 
 std::unique_ptr<ShardOptimizer> make_offload_optimizer(const config::Config& config, const Layout& layout,

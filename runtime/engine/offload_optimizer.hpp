@@ -26,6 +26,7 @@
 #include "zero3/comm/world.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/device/device.hpp"
+#include "zero3/engine/memory_plan.hpp"
 #include "zero3/offload/cpu_optimizer.hpp"
 #include "zero3/offload/numa.hpp"
 #include "zero3/offload/pinned_budget.hpp"
@@ -65,12 +66,21 @@ struct OffloadOptions {
   bool params_on_device = true;
 };
 
-// Bytes of host memory a rank's offload will allocate, for the budget check made before any allocation.
+// What the offloaded optimizer allocates, per memory kind and category: the host chunks (master,
+// accumulators, moments, and the new params' host copy when the params are on the device), the gradient
+// staging slots, the statistics' scalars, and the device part below the cut (offload_optimizer.ratio < 1).
+// Empty without offload_optimizer. `device`: the staging kind of the scalars (host backend: pageable).
+MemoryTable offload_optimizer_memory(const config::Config& config, const Layout& layout, const OffloadOptions& options,
+                                     DeviceKind device);
+
+// Bytes of host memory a rank's offload will allocate, for the budget check made before any allocation:
+// the offloaded optimizer's host memory and the offloaded param shards.
 struct HostFootprint {
   std::uint64_t pinned_bytes = 0;
   std::uint64_t pageable_bytes = 0;
 };
-HostFootprint offload_footprint(const config::Config& config, const Layout& layout, const OffloadOptions& options);
+HostFootprint offload_footprint(const config::Config& config, const Layout& layout, const OffloadOptions& options,
+                                DeviceKind device);
 
 // The offloaded ShardOptimizer.
 std::unique_ptr<ShardOptimizer> make_offload_optimizer(const config::Config& config, const Layout& layout,

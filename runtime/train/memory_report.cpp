@@ -4,46 +4,131 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace zero3::train {
 
-std::string peak_memory_table(comm::Bootstrap& bootstrap, const MemoryTracker& m) {
-  std::vector<std::uint64_t> mine;
+namespace {
+
+constexpr std::size_t kPerRank = kNumMemoryKinds * (kNumMemCategories + 1);  // categories and the total
+
+}  // namespace
+
+RankPeaks rank_peaks(const MemoryTracker& m) {
+  RankPeaks r;
   for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
-    for (std::size_t c = 0; c < kNumMemCategories; ++c)
-      mine.push_back(m.get(static_cast<MemoryKind>(k), static_cast<MemCategory>(c)).peak_bytes);
-    mine.push_back(m.total(static_cast<MemoryKind>(k)).peak_bytes);
+    const auto kind = static_cast<MemoryKind>(k);
+    for (std::size_t c = 0; c < kNumMemCategories; ++c) {
+      r.peak.at(kind, static_cast<MemCategory>(c)) = m.get(kind, static_cast<MemCategory>(c)).peak_bytes;
+    }
+    r.total_peak[k] = m.total(kind).peak_bytes;
   }
-  std::vector<std::byte> bytes(mine.size() * sizeof(std::uint64_t));
-  std::memcpy(bytes.data(), mine.data(), bytes.size());
+  return r;
+}
+
+std::vector<RankPeaks> gather_peaks(comm::Bootstrap& bootstrap, const MemoryTracker& memory) {
+  const RankPeaks mine = rank_peaks(memory);
+  std::vector<std::uint64_t> flat;
+  for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    for (std::size_t c = 0; c < kNumMemCategories; ++c) flat.push_back(mine.peak.bytes[k][c]);
+    flat.push_back(mine.total_peak[k]);
+  }
+  std::vector<std::byte> bytes(flat.size() * sizeof(std::uint64_t));
+  std::memcpy(bytes.data(), flat.data(), bytes.size());
   const std::vector<std::byte> all = bootstrap.all_gather(bytes);
-  const std::size_t ranks = all.size() / bytes.size();
-  const auto at = [&](std::size_t rank, std::size_t i) {
-    std::uint64_t v = 0;
-    std::memcpy(&v, all.data() + rank * bytes.size() + i * sizeof v, sizeof v);
-    return v;
-  };
+  std::vector<RankPeaks> ranks(all.size() / bytes.size());
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    std::vector<std::uint64_t> v(kPerRank);
+    std::memcpy(v.data(), all.data() + r * bytes.size(), bytes.size());
+    for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+      for (std::size_t c = 0; c < kNumMemCategories; ++c)
+        ranks[r].peak.bytes[k][c] = v[k * (kNumMemCategories + 1) + c];
+      ranks[r].total_peak[k] = v[k * (kNumMemCategories + 1) + kNumMemCategories];
+    }
+  }
+  return ranks;
+}
+
+std::string peak_memory_table(const std::vector<RankPeaks>& ranks) {
   std::string out = fmt::format("{:<34}", "peak MiB");
-  for (std::size_t r = 0; r < ranks; ++r) out += fmt::format(" {:>10}", fmt::format("rank {}", r));
+  for (std::size_t r = 0; r < ranks.size(); ++r) out += fmt::format(" {:>10}", fmt::format("rank {}", r));
   out += '\n';
   for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    const auto kind = static_cast<MemoryKind>(k);
     for (std::size_t c = 0; c <= kNumMemCategories; ++c) {
-      const std::size_t i = k * (kNumMemCategories + 1) + c;
+      const auto at = [&](const RankPeaks& p) {
+        return c == kNumMemCategories ? p.total_peak[k] : p.peak.at(kind, static_cast<MemCategory>(c));
+      };
       bool any = false;
-      for (std::size_t r = 0; r < ranks; ++r) any = any || at(r, i) != 0;
+      for (const RankPeaks& p : ranks) any = any || at(p) != 0;
       if (!any) continue;
-      const std::string name = c == kNumMemCategories
-                                   ? fmt::format("{} total", memory_kind_name(static_cast<MemoryKind>(k)))
-                                   : fmt::format("{} {}", memory_kind_name(static_cast<MemoryKind>(k)),
-                                                 mem_category_name(static_cast<MemCategory>(c)));
+      const std::string name = c == kNumMemCategories ? fmt::format("{} total", memory_kind_name(kind))
+                                                      : fmt::format("{} {}", memory_kind_name(kind),
+                                                                    mem_category_name(static_cast<MemCategory>(c)));
       out += fmt::format("  {:<32}", name);
-      for (std::size_t r = 0; r < ranks; ++r)
-        out += fmt::format(" {:>10.2f}", static_cast<double>(at(r, i)) / (1 << 20));
+      for (const RankPeaks& p : ranks) out += fmt::format(" {:>10.2f}", static_cast<double>(at(p)) / (1 << 20));
       out += '\n';
     }
   }
   return out;
+}
+
+std::string peak_memory_table(comm::Bootstrap& bootstrap, const MemoryTracker& memory) {
+  return peak_memory_table(gather_peaks(bootstrap, memory));
+}
+
+nlohmann::json memory_table_json(const MemoryTable& table) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    nlohmann::json kind = nlohmann::json::object();
+    for (std::size_t c = 0; c < kNumMemCategories; ++c) {
+      kind[std::string(mem_category_name(static_cast<MemCategory>(c)))] = table.bytes[k][c];
+    }
+    j[std::string(memory_kind_name(static_cast<MemoryKind>(k)))] = kind;
+  }
+  return j;
+}
+
+nlohmann::json peaks_json(const std::vector<RankPeaks>& ranks) {
+  nlohmann::json list = nlohmann::json::array();
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    nlohmann::json totals = nlohmann::json::object();
+    for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+      totals[std::string(memory_kind_name(static_cast<MemoryKind>(k)))] = ranks[r].total_peak[k];
+    }
+    list.push_back({{"rank", r}, {"peak_bytes", memory_table_json(ranks[r].peak)}, {"total_peak_bytes", totals}});
+  }
+  return {{"ranks", list}};
+}
+
+nlohmann::json plan_json(const MemoryPlan& plan) {
+  nlohmann::json ranks = nlohmann::json::array();
+  nlohmann::json totals = nlohmann::json::object();
+  nlohmann::json how = nlohmann::json::object();
+  for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    const auto kind = static_cast<MemoryKind>(k);
+    totals[std::string(memory_kind_name(kind))] = plan.peak_total(kind);
+    nlohmann::json h = nlohmann::json::object();
+    for (std::size_t c = 0; c < kNumMemCategories; ++c) {
+      if (!plan.how[k][c].empty()) h[std::string(mem_category_name(static_cast<MemCategory>(c)))] = plan.how[k][c];
+    }
+    how[std::string(memory_kind_name(kind))] = h;
+  }
+  for (int r = 0; r < plan.world_size; ++r) {
+    ranks.push_back({{"rank", r}, {"peak_bytes", memory_table_json(plan.peak)}, {"total_peak_bytes", totals}});
+  }
+  const DeepSpeedEstimate& ds = plan.deepspeed;
+  nlohmann::json deepspeed = {{"covered", ds.covered},
+                              {"total_params", ds.total_params},
+                              {"largest_layer_params", ds.largest_layer},
+                              {"gpu_bytes_per_gpu", ds.gpu_bytes_per_gpu},
+                              {"cpu_bytes_per_node", ds.cpu_bytes_per_node}};
+  return {{"world_size", plan.world_size},
+          {"ranks_per_node", plan.ranks_per_node},
+          {"ranks", ranks},
+          {"how", how},
+          {"deepspeed_estimate", deepspeed}};
 }
 
 }  // namespace zero3::train

@@ -26,6 +26,13 @@ std::unique_ptr<data::TokenSource> make_source(const config::Config& config) {
 
 }  // namespace
 
+std::int64_t heldout_windows_for(const TokenWindowsOptions& options, std::int64_t available) {
+  const std::int64_t per_window = std::max<std::int64_t>(1, options.predictions_per_window);
+  const std::int64_t wanted =
+      options.heldout_windows > 0 ? options.heldout_windows : (kHeldoutTokens + per_window - 1) / per_window;
+  return std::min(wanted, available);
+}
+
 TokenWindows::TokenWindows(const config::Config& config, int rank, int world_size, const TokenWindowsOptions& options)
     : options_(options),
       rank_(rank),
@@ -49,10 +56,7 @@ TokenWindows::TokenWindows(const config::Config& config, int rank, int world_siz
   sop.rank = rank;
   sop.seed = seed_;
   sampler_.emplace(sop);
-  const std::int64_t per_window = std::max<std::int64_t>(1, options_.predictions_per_window);
-  const std::int64_t wanted =
-      options_.heldout_windows > 0 ? options_.heldout_windows : (kHeldoutTokens + per_window - 1) / per_window;
-  heldout_total_ = std::min(wanted, source_->num_samples(data::Split::heldout, context));
+  heldout_total_ = heldout_windows_for(options_, source_->num_samples(data::Split::heldout, context));
   if (heldout_total_ < 1) {
     throw ConfigError(fmt::format("zero3.model.seq_len: a context of {} tokens leaves no held-out sample in {}",
                                   context, source_->describe()));

@@ -1,10 +1,13 @@
 #include "zero3/train/unit_trainer.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>
 
+#include "zero3/core/error.hpp"
 #include "zero3/train/unit_walk.hpp"
 
 namespace zero3::train {
@@ -39,15 +42,48 @@ StepSplit StepSplit::scaled(double f) const {
 }
 
 UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
-                         std::shared_ptr<comm::Bootstrap> bootstrap, const ModelFactory& make_model)
+                         std::shared_ptr<comm::Bootstrap> bootstrap, const ModelFactory& make_model,
+                         const MemoryCheck& check)
     : timed_(config.wall_clock_breakdown),
       bootstrap_(bootstrap ? std::move(bootstrap) : comm::make_mpi_bootstrap(world)) {
   EngineResources resources;
   resources.bootstrap = bootstrap_;
+  const bool host = config.zero3.device == config::DeviceChoice::host ||
+                    (config.zero3.device == config::DeviceChoice::automatic && cuda_device_count() == 0);
+  if (check.device_memory_bytes && host) {
+    resources.device = make_host_device({.capacity_bytes = static_cast<std::size_t>(*check.device_memory_bytes)});
+  }
   engine_ = std::make_unique<Engine>(config, world, std::move(resources));
   model_ = make_model(engine_->device());
+  check_memory(config, world, check);
   for (const UnitSpec& u : model_->units()) engine_->add_unit(u);
   engine_->finalize();
+}
+
+void UnitTrainer::check_memory(const config::Config& config, const comm::World& world, const MemoryCheck& check) {
+  Device& device = engine_->device();
+  const models::UnitModel::ActivationShape shape{
+      .micro_batch = static_cast<int>(config.batch.train_micro_batch_size_per_gpu),
+      .eval_batch = check.eval_batch,
+      .len = check.len,
+      .params = config.model_dtype()};
+  plan_ = plan_memory(
+      model_->units(), config,
+      {.ranks_per_node = world.local_size,
+       .device = device.kind(),
+       .activations = {.bytes = model_->planned_activation_bytes(shape), .kind = model_->activation_memory()},
+       .checkpoint_staging_bytes = check.checkpoint_staging_bytes});
+  std::optional<std::uint64_t> free = device.free_device_bytes();
+  if (check.device_memory_bytes) free = std::min(free.value_or(*check.device_memory_bytes), *check.device_memory_bytes);
+  const std::uint64_t need = plan_.peak_total(MemoryKind::device);
+  if (!free || need <= *free) return;
+  constexpr double kMiB = 1 << 20;
+  throw ConfigError(fmt::format(
+      "memory: the job's plan needs {:.2f} MiB of device memory per rank and the device has {:.2f} MiB free; by "
+      "category:\n{}(`zero3 mem plan --config ... --world-size {}` shows the whole plan; offload_optimizer, "
+      "offload_param, stage3_max_live_parameters, stage3_prefetch_bucket_size and a smaller micro-batch lower it)",
+      static_cast<double>(need) / kMiB, static_cast<double>(*free) / kMiB, plan_.describe_kind(MemoryKind::device),
+      world.size));
 }
 
 UnitTrainer::~UnitTrainer() {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -26,6 +27,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "train_config.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
@@ -44,12 +46,9 @@ namespace {
 using Json = nlohmann::json;
 
 struct TrainOptions {
-  std::string config;
-  std::optional<std::int64_t> steps;
+  TrainConfigOptions job;  // --config, --steps, --heldout-samples, the overrides
   std::optional<std::int64_t> log_interval;
   std::string metrics;
-  // "--model.layers 4" and the like: key path under "zero3" -> JSON value text.
-  std::map<std::string, std::string> overrides;
   std::string progress = "auto";  // the progress line: "auto" (stdout is a terminal), "on", "off"
   std::string save_dir;           // checkpoint root
   std::string run_dir;            // events.jsonl; default: save_dir, else ./zero3-run
@@ -57,60 +56,9 @@ struct TrainOptions {
   std::string resume;               // a checkpoint directory, a root, or "latest" (of --save-dir)
   std::string save_mode = "async";  // "async" or "sync"
   std::int64_t save_staging_mb = 256;
-  // Held-out windows per measurement; default: enough for 4096 predicted tokens (128 GPT windows of 32).
-  std::optional<std::int64_t> heldout_samples;
+  std::string memory_json;                 // the measured peaks per rank (rank 0 writes it)
+  std::optional<double> device_memory_gb;  // the device memory per rank the plan must fit in
 };
-
-// The config file with the overrides written into its "zero3" block.
-std::string patched_config(const TrainOptions& o) {
-  std::ifstream in(o.config);
-  if (!in)
-    throw ConfigError(fmt::format("{}: cannot read the config: {}", o.config, std::generic_category().message(errno)));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (o.overrides.empty() && !o.steps) return text.str();
-  Json j;
-  try {
-    j = Json::parse(text.str());
-  } catch (const Json::exception& e) {
-    throw ConfigError(fmt::format("{}: not valid JSON: {}", o.config, e.what()));
-  }
-  if (!j.is_object()) throw ConfigError(fmt::format("{}: the config must be a JSON object", o.config));
-  Json& z = j["zero3"];
-  for (const auto& [path, value] : o.overrides) {
-    Json* at = &z;
-    std::string_view rest = path;
-    for (std::size_t dot = rest.find('.'); dot != std::string_view::npos; dot = rest.find('.')) {
-      at = &(*at)[std::string(rest.substr(0, dot))];
-      rest.remove_prefix(dot + 1);
-    }
-    Json v;
-    try {
-      v = Json::parse(value);
-    } catch (const Json::exception&) {
-      v = value;  // a bare string, e.g. --data.source tokens:/data/x.bin
-    }
-    (*at)[std::string(rest)] = v;
-  }
-  if (o.steps) z["run"]["steps"] = *o.steps;
-  return j.dump();
-}
-
-// The job's config: the file with the overrides, parsed for the job's world size; ConfigError naming
-// what is missing or wrong (the model block, run.steps, a model field).
-config::Config load_train_config(const TrainOptions& o, const comm::World& world) {
-  config::ParseOptions po;
-  po.world_size = world.size;
-  po.world_size_source = world.source;
-  po.source_name = o.config;
-  config::Config cfg = config::load_config_text_or_throw(patched_config(o), po);
-  if (!cfg.zero3.model) {
-    throw ConfigError(fmt::format("{}: zero3.model: zero3 train needs a model block (\"gpt\" or \"mlp\")", o.config));
-  }
-  if (!cfg.zero3.run) throw ConfigError(fmt::format("{}: zero3.run.steps (or --steps) is required", o.config));
-  models::validate_train_model(*cfg.zero3.model);
-  return cfg;
-}
 
 // The observers of a `zero3 train` run: log line, progress line, JSONL, csv_monitor, the floor check.
 void add_observers(train::Trainer& trainer, const TrainOptions& o, const config::Config& cfg, int rank) {
@@ -158,8 +106,16 @@ void print_preempted(const train::Preemption& p, std::int64_t steps) {
   std::fflush(stdout);
 }
 
+// The measured peaks of every rank, in the shape `zero3 mem plan --json` prints (train/memory_report.hpp).
+void write_memory_json(const std::string& path, const std::vector<train::RankPeaks>& peaks) {
+  std::ofstream out(path);
+  out << train::peaks_json(peaks).dump(1) << '\n';
+  if (!out)
+    throw Error(fmt::format("--memory-json {}: cannot write: {}", path, std::generic_category().message(errno)));
+}
+
 void train_job(const TrainOptions& o, const comm::World& world, const std::shared_ptr<LastStep>& last_step) {
-  const config::Config cfg = load_train_config(o, world);
+  const config::Config cfg = load_train_config(o.job, world.size, world.source);
   const config::AlertSettings& alerts = cfg.zero3.alerts;
   events::configure({.run_dir = run_dir_of(o),
                      .rank = world.rank,
@@ -169,12 +125,18 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
   train::TokenWindows data(cfg, world.rank, world.size,
                            {.context = ms.seq_len,
                             .predictions_per_window = models::predictions_per_window(ms),
-                            .heldout_windows = o.heldout_samples.value_or(0)});
+                            .heldout_windows = o.job.heldout_samples.value_or(0)});
   // OpenBLAS threads: this rank's share of the node's cores (OpenBLAS would take them all in every rank).
   const int cores = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
   models::set_blas_threads(std::max(1, cores / std::max(1, world.local_size)));
-  train::UnitTrainer unit_trainer(cfg, world, nullptr,
-                                  [&](Device& device) { return models::make_train_model(ms, device); });
+  train::MemoryCheck check{
+      .eval_batch = static_cast<int>((data.heldout_windows() + world.size - 1) / world.size),
+      .len = static_cast<int>(ms.seq_len),
+      .device_memory_bytes = std::nullopt,
+      .checkpoint_staging_bytes = o.save_dir.empty() ? 0 : trainer_options(o, cfg).checkpoint.staging_bytes};
+  if (o.device_memory_gb) check.device_memory_bytes = static_cast<std::uint64_t>(*o.device_memory_gb * (1 << 30));
+  train::UnitTrainer unit_trainer(
+      cfg, world, nullptr, [&](Device& device) { return models::make_train_model(ms, device); }, check);
   // After MPI start-up (inside UnitTrainer), which may install handlers of its own; a signal before
   // this point ends the rank as it always did, with no step lost.
   train::clear_stop_request();
@@ -194,7 +156,10 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
     std::fflush(stdout);
   }
   const train::TrainSummary s = trainer.run();
-  const std::string memory = train::peak_memory_table(*unit_trainer.bootstrap(), unit_trainer.engine().memory());
+  const std::vector<train::RankPeaks> peaks =
+      train::gather_peaks(*unit_trainer.bootstrap(), unit_trainer.engine().memory());
+  const std::string memory = train::peak_memory_table(peaks);
+  if (world.rank == 0 && !o.memory_json.empty()) write_memory_json(o.memory_json, peaks);
   if (s.preempted) {
     if (world.rank == 0) print_preempted(*s.preempted, s.steps);
     throw CLI::RuntimeError(train::kExitPreempted);
@@ -246,10 +211,7 @@ void run_train(const TrainOptions& o) {
 void add_train_command(CLI::App& app) {
   auto opt = std::make_shared<TrainOptions>();
   CLI::App* cmd = app.add_subcommand("train", "Train the model of a DeepSpeed config's \"zero3\" block (mpirun -np N)");
-  cmd->add_option("--config", opt->config, "DeepSpeed JSON config with a \"zero3\" block (model, data, run)")
-      ->required();
-  cmd->add_option("--steps", opt->steps, "Optimizer steps of the run (zero3.run.steps)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  add_train_config_options(*cmd, opt->job);
   cmd->add_option("--log-interval", opt->log_interval, "Steps between log lines (default: steps_per_print)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   cmd->add_option("--metrics", opt->metrics, "Write one JSON object per logged step to this file (rank 0)");
@@ -269,15 +231,13 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--save-staging-mb", opt->save_staging_mb, "Host staging memory of an async save, MiB per rank")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
       ->capture_default_str();
-  cmd->add_option("--heldout-samples", opt->heldout_samples,
-                  "Held-out windows measured at each log line (default: 4096 predicted tokens' worth)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
-  for (const char* key : {"model.type", "model.layers", "model.hidden_size", "model.heads", "model.vocab_size",
-                          "model.seq_len", "data.source", "data.markov_order", "seed", "device"}) {
-    cmd->add_option_function<std::string>(
-        fmt::format("--{}", key), [opt, k = std::string(key)](const std::string& v) { opt->overrides[k] = v; },
-        fmt::format("Override zero3.{}", key));
-  }
+  cmd->add_option("--memory-json", opt->memory_json,
+                  "Write every rank's measured peak bytes by memory kind and category (the shape of zero3 mem plan "
+                  "--json) to this file (rank 0)");
+  cmd->add_option("--device-memory-gb", opt->device_memory_gb,
+                  "Device memory per rank (GiB) the job's memory plan must fit in before anything is allocated; the "
+                  "host backend then simulates a device of this size")
+      ->check(CLI::PositiveNumber);
   cmd->callback([opt] { run_train(*opt); });
 }
 

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   zero3::tools::add_info_command(app);
   zero3::tools::add_bench_command(app);
   zero3::tools::add_train_command(app);
+  zero3::tools::add_mem_command(app);
   zero3::tools::add_ckpt_command(app);
   zero3::tools::add_debug_command(app);
   // A rank of a multi-rank job that fails alone brings the job down (report, flight record, abort)

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -112,6 +113,9 @@ class Device {
   // backend's debugging guard (HostDeviceOptions::guard_scope_memory). Code that would hand out other
   // memory in their place (the engine at world size 1) keeps the scope buffers while it is on.
   virtual bool guards_scope_memory() const { return false; }
+  // Bytes of device memory an allocation could still get now (the memory plan's start-up check), or
+  // nullopt where there is no limit to speak of (the host backend without a capacity).
+  virtual std::optional<std::uint64_t> free_device_bytes() const { return std::nullopt; }
 
   virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;

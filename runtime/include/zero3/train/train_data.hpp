@@ -52,6 +52,11 @@ struct TokenWindowsOptions {
   std::int64_t heldout_windows = 0;         // 0: enough for 4096 predicted tokens
 };
 
+// The held-out windows a TokenWindows with `options` measures when its source holds `available` of them:
+// options.heldout_windows, or enough for 4096 predicted tokens, at most `available`. Rank r takes windows
+// r, r + world_size, ..., so rank 0 holds ceil(total / world_size) of them.
+std::int64_t heldout_windows_for(const TokenWindowsOptions& options, std::int64_t available);
+
 class TokenWindows final : public TrainData {
  public:
   // Makes the config's source (zero3.data; vocab from zero3.model) and the sampler for `rank` of `world_size`.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -21,6 +22,7 @@
 #include "zero3/comm/world.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/engine/engine.hpp"
+#include "zero3/engine/memory_plan.hpp"
 #include "zero3/models/unit_model.hpp"
 
 namespace zero3::train {
@@ -43,21 +45,37 @@ struct StepSplit {
   StepSplit scaled(double f) const;
 };
 
+// The start-up memory check of a UnitTrainer: the job's memory plan (zero3/engine/memory_plan.hpp) against
+// the device's free memory, before the engine allocates anything.
+struct MemoryCheck {
+  int eval_batch = 0;  // windows of this rank's held-out pass (0: none)
+  int len = 0;         // tokens per window
+  // Device memory per rank: the host backend then simulates a device of this capacity (allocations past
+  // it fail, as on a full GPU), and the CUDA device's free memory counts as at most this. Unset: the
+  // device's own free memory (the host backend has no limit, so nothing to check).
+  std::optional<std::uint64_t> device_memory_bytes;
+  // The checkpoint staging area a save may fill (ckpt::CheckpointerOptions::staging_bytes), 0 without saves.
+  std::uint64_t checkpoint_staging_bytes = 0;
+};
+
 class UnitTrainer {
  public:
   // Makes the model for the engine's device once the engine exists (the device decides host or CUDA).
   using ModelFactory = std::function<std::unique_ptr<models::UnitModel>(Device& device)>;
 
-  // Builds the engine, the model, declares the model's units and finalizes (collective). A null bootstrap
-  // lets the engine make the MPI one for `world`.
+  // Builds the engine, the model, plans the job's memory and checks it against the device (ConfigError
+  // naming the categories when it does not fit, before anything is allocated), declares the model's units
+  // and finalizes (collective). A null bootstrap lets the engine make the MPI one for `world`.
   UnitTrainer(const config::Config& config, const comm::World& world, std::shared_ptr<comm::Bootstrap> bootstrap,
-              const ModelFactory& make_model);
+              const ModelFactory& make_model, const MemoryCheck& check = {});
   ~UnitTrainer();
   UnitTrainer(const UnitTrainer&) = delete;
   UnitTrainer& operator=(const UnitTrainer&) = delete;
 
   Engine& engine() { return *engine_; }
   models::UnitModel& model() { return *model_; }
+  // The job's memory plan, made at start-up (this rank's; every rank's is the same).
+  const MemoryPlan& memory_plan() const { return plan_; }
   // The job's bootstrap (the one given, or the MPI one made for `world`): for the loop's own collectives.
   const std::shared_ptr<comm::Bootstrap>& bootstrap() const { return bootstrap_; }
 
@@ -74,12 +92,14 @@ class UnitTrainer {
 
  private:
   void report_activations();
+  void check_memory(const config::Config& config, const comm::World& world, const MemoryCheck& check);
 
   bool timed_;
   std::shared_ptr<comm::Bootstrap> bootstrap_;
   // Destroyed after the engine, whose destructor drains the streams that may still read the model's buffers.
   std::unique_ptr<models::UnitModel> model_;
   std::unique_ptr<Engine> engine_;
+  MemoryPlan plan_;
   std::size_t reported_activations_ = 0;
   MemoryKind reported_kind_ = MemoryKind::pageable_host;
   StepSplit window_;  // the accumulation window in progress

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# `zero3 mem plan` and `zero3 mem fit` on configs/gpt-small.json: the plan's JSON has the --memory-json shape
+# (every kind and category, for every rank) and the DeepSpeed estimate; model states halve from one rank to
+# two; fit says a roomy device fits, and for a small one lists only settings whose plan fits, cheapest first,
+# or fails with a message when nothing can fit.
+# usage: mem_cli_test.sh ZERO3 CONFIGS_DIR
+set -u
+zero3=$1
+configs=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+cfg=$configs/gpt-small.json
+
+"$zero3" mem plan --config "$cfg" --world-size 1 --json >"$tmp/p1.json" || fail "mem plan --world-size 1 failed"
+"$zero3" mem plan --config "$cfg" --world-size 2 --json >"$tmp/p2.json" || fail "mem plan --world-size 2 failed"
+python3 - "$tmp/p1.json" "$tmp/p2.json" <<'PY' || fail "the plan's JSON"
+import json, sys
+one, two = (json.load(open(p)) for p in sys.argv[1:3])
+kinds = {"device", "pinned_host", "pageable_host"}
+cats = {"param_shard", "param_gathered", "grad_buffer", "grad_shard", "master", "optim_state", "comm_buffer",
+        "staging", "activations", "workspace"}
+for plan, n in ((one, 1), (two, 2)):
+    assert [r["rank"] for r in plan["ranks"]] == list(range(n)), plan["ranks"]
+    for r in plan["ranks"]:
+        assert set(r["peak_bytes"]) == kinds and all(set(r["peak_bytes"][k]) == cats for k in kinds), r
+    ds = plan["deepspeed_estimate"]
+    assert ds["covered"] and ds["total_params"] == 4240896, ds
+# gpt-small offloads its optimizer: the master moves to pinned host memory and halves with two ranks.
+m1 = one["ranks"][0]["peak_bytes"]["pinned_host"]["master"]
+m2 = two["ranks"][0]["peak_bytes"]["pinned_host"]["master"]
+assert m1 > 0 and abs(m2 - m1 / 2) <= 6 * 64 * 4, (m1, m2)
+print("plan json ok: master", m1, "->", m2, "bytes")
+PY
+"$zero3" mem plan --config "$cfg" --world-size 2 | grep -q "DeepSpeed's estimate_zero3_model_states_mem_needs_all_live" ||
+  fail "mem plan's table has no DeepSpeed estimate"
+
+out=$("$zero3" mem fit --config "$cfg" --world-size 2 --device-memory-gb 64)
+[ $? -eq 0 ] && grep -q "it fits" <<<"$out" || fail "mem fit on a roomy device: $out"
+out=$("$zero3" mem fit --config "$cfg" --world-size 2 --device-memory-gb 0.1 2>&1)
+rc=$?
+if [ $rc -eq 0 ]; then
+  grep -q "it does not fit" <<<"$out" || fail "mem fit on a small device did not say so: $out"
+  python3 - <<PY || fail "mem fit's list: $out"
+import re
+rows = [l for l in """$out""".splitlines() if re.search(r"GiB  \+", l)]
+assert rows, "no candidates"
+gib = [float(re.search(r"([0-9.]+) GiB  \+", l).group(1)) for l in rows]
+ms = [float(re.search(r"\+([0-9.]+) ms/step", l).group(1)) for l in rows]
+assert all(g <= 0.1 for g in gib), gib
+assert ms == sorted(ms), ms
+print("fit ok:", len(rows), "settings fit")
+PY
+else
+  grep -q "nothing tried fits" <<<"$out" || fail "mem fit failed without saying why (rc $rc): $out"
+fi
+"$zero3" mem fit --config "$cfg" --world-size 2 --device-memory-gb 0.000001 >/dev/null 2>"$tmp/err"
+[ $? -ne 0 ] && grep -q "nothing tried fits" "$tmp/err" || fail "mem fit with no room: $(cat "$tmp/err")"
+[ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
+echo "mem plan and mem fit: all checks passed"

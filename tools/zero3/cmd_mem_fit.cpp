@@ -1,0 +1,219 @@
+// `zero3 mem fit --config F --world-size N --device-memory-gb G`: does the job fit a device of G GiB per
+// rank, and if not, which settings make it fit with the least slowdown. Each candidate is the config with
+// one setting changed (or offload with a smaller micro-batch), planned (zero3/engine/memory_plan.hpp) and
+// costed by the time the change adds to a step, from the bytes it moves and the bandwidths given
+// (--pcie-gbps, --net-gbps, --cpu-gparams): a first-order model to rank the candidates, stated with them.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "train_config.hpp"
+#include "zero3/core/error.hpp"
+#include "zero3/device/device.hpp"
+#include "zero3/engine/memory_plan.hpp"
+#include "zero3/models/model_factory.hpp"
+
+namespace zero3::tools {
+namespace {
+
+constexpr double kGiB = 1 << 30;
+
+struct FitOptions {
+  TrainConfigOptions train;
+  int world_size = 1;
+  double device_memory_gb = 0.0;
+  double pcie_gbps = 20.0;   // host <-> device, per rank
+  double net_gbps = 50.0;    // all-gather / reduce-scatter, per rank
+  double cpu_gparams = 1.0;  // CPU optimizer, per rank
+};
+
+struct Candidate {
+  std::string change;
+  config::Config config;
+  std::uint64_t device_bytes = 0;
+  double extra_ms = 0.0;  // the model's estimate of what the change adds to a step
+  std::string why;        // how extra_ms was estimated
+};
+
+class Fitter {
+ public:
+  explicit Fitter(const FitOptions& o)
+      : o_(o),
+        base_(load_train_config(o.train, o.world_size, "--world-size")),
+        host_(make_host_device()),
+        model_(models::make_train_model(*base_.zero3.model, *host_)),
+        eval_batch_(heldout_batch_per_rank(base_, o.train, o.world_size)) {
+    for (const UnitSpec& u : model_->units()) {
+      std::uint64_t n = 0;
+      for (const ParamSpec& p : u.params) n += p.numel();
+      params_ += n;
+      largest_ = std::max(largest_, n);
+    }
+  }
+
+  std::uint64_t plan(const config::Config& c) const {
+    const models::UnitModel::ActivationShape shape{
+        .micro_batch = static_cast<int>(c.batch.train_micro_batch_size_per_gpu),
+        .eval_batch = eval_batch_,
+        .len = static_cast<int>(c.zero3.model->seq_len),
+        .params = c.model_dtype()};
+    MemoryPlanOptions options;
+    options.device = DeviceKind::cuda;
+    options.ranks_per_node = std::min(o_.world_size, 8);
+    options.activations = {.bytes = model_->planned_activation_bytes(shape), .kind = MemoryKind::device};
+    return plan_memory(model_->units(), c, options).peak_total(MemoryKind::device);
+  }
+
+  std::vector<Candidate> candidates() const {
+    std::vector<Candidate> out;
+    const double shard = static_cast<double>(params_) / o_.world_size;  // elements of this rank's shard
+    const auto bytes_of = [](DType t) { return static_cast<double>(size_of(t)); };
+    const auto gas = static_cast<double>(base_.batch.gradient_accumulation_steps);
+    const double dt = static_cast<double>(size_of(base_.model_dtype()));
+    const auto add = [&](std::string change, config::Config c, double extra_ms, std::string why) {
+      out.push_back({std::move(change), std::move(c), 0, extra_ms, std::move(why)});
+    };
+    // Smaller prefetch and live budgets: gathers overlap compute less; first order, no extra bytes.
+    for (std::int64_t b = base_.zero.prefetch_bucket_size / 2; b >= static_cast<std::int64_t>(largest_); b /= 2) {
+      config::Config c = base_;
+      c.zero.prefetch_bucket_size = b;
+      add(fmt::format("stage3_prefetch_bucket_size {}", b), c, 0.0, "no extra bytes; less gather overlap");
+    }
+    for (std::int64_t l =
+             std::min<std::int64_t>(base_.zero.max_live_parameters, static_cast<std::int64_t>(params_)) / 2;
+         l >= static_cast<std::int64_t>(largest_); l /= 2) {
+      config::Config c = base_;
+      c.zero.max_live_parameters = l;
+      c.zero.prefetch_bucket_size = std::min(c.zero.prefetch_bucket_size, l);
+      add(fmt::format("stage3_max_live_parameters {}", l), c, 0.0, "no extra bytes; less gather overlap");
+    }
+    // A smaller micro-batch, the global batch kept by more accumulation: each micro-batch gathers every
+    // unit twice again.
+    for (std::int64_t m = base_.batch.train_micro_batch_size_per_gpu / 2; m >= 1; m /= 2) {
+      if (base_.batch.train_batch_size % (m * o_.world_size) != 0) continue;
+      config::Config c = base_;
+      c.batch.train_micro_batch_size_per_gpu = m;
+      c.batch.gradient_accumulation_steps = base_.batch.train_batch_size / (m * o_.world_size);
+      const double extra_micro =
+          static_cast<double>(c.batch.gradient_accumulation_steps - base_.batch.gradient_accumulation_steps);
+      const double ms = extra_micro * 2.0 * static_cast<double>(params_) * dt / (o_.net_gbps * 1e9) * 1e3;
+      add(fmt::format("train_micro_batch_size_per_gpu {} (accumulation {})", m, c.batch.gradient_accumulation_steps), c,
+          ms, fmt::format("{} more micro-batches x 2 all-gathers of the model at {} GB/s", extra_micro, o_.net_gbps));
+    }
+    // The optimizer offloaded, on a fraction of the sub-groups or all.
+    for (const double ratio : {0.25, 0.5, 0.75, 1.0}) {
+      config::Config c = base_;
+      c.zero.offload_optimizer.device = config::OffloadDevice::cpu;
+      c.zero.offload_optimizer.ratio = ratio;
+      const double elems = shard * ratio;
+      const double ms =
+          (elems * (bytes_of(c.communication_data_type) + dt) / (o_.pcie_gbps * 1e9) + elems / (o_.cpu_gparams * 1e9)) *
+          1e3;
+      add(fmt::format("offload_optimizer cpu, ratio {}", ratio), c, ms,
+          fmt::format("gradients down and params up over PCIe at {} GB/s, the CPU step at {} Gparam/s", o_.pcie_gbps,
+                      o_.cpu_gparams));
+    }
+    // Params offloaded too: every gather first copies the rank's shard up.
+    config::Config both = base_;
+    both.zero.offload_optimizer.device = config::OffloadDevice::cpu;
+    both.zero.offload_param.device = config::OffloadDevice::cpu;
+    const double both_ms = (shard * (bytes_of(both.communication_data_type) + dt) / (o_.pcie_gbps * 1e9) +
+                            shard / (o_.cpu_gparams * 1e9) + 2.0 * shard * dt * gas / (o_.pcie_gbps * 1e9)) *
+                           1e3;
+    add("offload_optimizer cpu + offload_param cpu", both, both_ms,
+        "as offload_optimizer, plus the shard copied up for each of a micro-batch's two gathers");
+    // Offload with a smaller micro-batch, for jobs whose activations are the problem.
+    for (std::int64_t m = base_.batch.train_micro_batch_size_per_gpu / 2; m >= 1; m /= 2) {
+      if (base_.batch.train_batch_size % (m * o_.world_size) != 0) continue;
+      config::Config c = both;
+      c.batch.train_micro_batch_size_per_gpu = m;
+      c.batch.gradient_accumulation_steps = base_.batch.train_batch_size / (m * o_.world_size);
+      const double extra = static_cast<double>(c.batch.gradient_accumulation_steps);
+      const double ms = both_ms + (extra - gas) *
+                                      (2.0 * static_cast<double>(params_) * dt / (o_.net_gbps * 1e9) +
+                                       2.0 * shard * dt / (o_.pcie_gbps * 1e9)) *
+                                      1e3;
+      add(fmt::format("offload_optimizer + offload_param, micro-batch {} (accumulation {})", m,
+                      c.batch.gradient_accumulation_steps),
+          c, ms, "both offloads, and each extra micro-batch's gathers and copies");
+    }
+    for (Candidate& c : out) c.device_bytes = plan(c.config);
+    return out;
+  }
+
+  const config::Config& base() const { return base_; }
+
+ private:
+  const FitOptions& o_;
+  config::Config base_;
+  std::unique_ptr<Device> host_;
+  std::unique_ptr<models::UnitModel> model_;
+  int eval_batch_ = 0;
+  std::uint64_t params_ = 0;
+  std::uint64_t largest_ = 0;
+};
+
+void run_fit(const FitOptions& o) {
+  const Fitter fitter(o);
+  const auto budget = static_cast<std::uint64_t>(o.device_memory_gb * kGiB);
+  const std::uint64_t as_is = fitter.plan(fitter.base());
+  fmt::print(
+      "zero3 mem fit: {} ranks, {:.2f} GiB of device memory each; the job as configured needs {:.3f} GiB per "
+      "rank: {}\n",
+      o.world_size, o.device_memory_gb, static_cast<double>(as_is) / kGiB,
+      as_is <= budget ? "it fits" : "it does not fit");
+  if (as_is <= budget) return;
+  std::vector<Candidate> fits;
+  for (Candidate& c : fitter.candidates()) {
+    if (c.device_bytes <= budget) fits.push_back(std::move(c));
+  }
+  std::stable_sort(fits.begin(), fits.end(), [](const Candidate& a, const Candidate& b) {
+    return a.extra_ms != b.extra_ms ? a.extra_ms < b.extra_ms : a.device_bytes < b.device_bytes;
+  });
+  if (fits.empty()) {
+    throw ConfigError(fmt::format(
+        "mem fit: nothing tried fits {:.2f} GiB per rank (offload of optimizer and params, smaller micro-batches, "
+        "live and prefetch budgets); more ranks shrink the shards: zero3 mem plan --world-size N shows by how much",
+        o.device_memory_gb));
+  }
+  fmt::print(
+      "settings that fit, least estimated slowdown first (pcie {} GB/s, network {} GB/s, CPU optimizer {} "
+      "Gparam/s per rank):\n",
+      o.pcie_gbps, o.net_gbps, o.cpu_gparams);
+  for (const Candidate& c : fits) {
+    fmt::print("  {:<58} {:>8.3f} GiB  +{:.1f} ms/step  ({})\n", c.change, static_cast<double>(c.device_bytes) / kGiB,
+               c.extra_ms, c.why);
+  }
+}
+
+}  // namespace
+
+void add_mem_fit_command(CLI::App& group) {
+  auto opt = std::make_shared<FitOptions>();
+  CLI::App* cmd = group.add_subcommand(
+      "fit", "Does the job fit a device of this size, and which settings make it fit with the least slowdown");
+  add_train_config_options(*cmd, opt->train);
+  cmd->add_option("--world-size", opt->world_size, "Ranks of the job")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--device-memory-gb", opt->device_memory_gb, "Device memory per rank, GiB")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--pcie-gbps", opt->pcie_gbps, "Host<->device bandwidth per rank, GB/s (the cost model)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--net-gbps", opt->net_gbps, "Collective bandwidth per rank, GB/s (the cost model)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--cpu-gparams", opt->cpu_gparams, "CPU optimizer speed per rank, 1e9 params/s (the cost model)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([opt] { run_fit(*opt); });
+}
+
+}  // namespace zero3::tools
