@@ -18,6 +18,7 @@
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
+#include "zero3/core/trace.hpp"
 
 namespace zero3::ckpt {
 namespace {
@@ -179,6 +180,8 @@ struct Checkpointer::Impl {
       }
       if (file && ok) {
         try {
+          const trace::Scope span("checkpoint writer", fmt::format("write {} {}, {} bytes", block.param,
+                                                                   kind_name(block.kind), block.bytes));
           file->append(block.param, kind_name(block.kind), block.dtype, block.first, block.count, block.data());
         } catch (const std::exception& e) {
           std::lock_guard lock(f.mutex);
@@ -194,6 +197,7 @@ struct Checkpointer::Impl {
     FileSummary summary;
     if (file && !failed()) {
       try {
+        const trace::Scope span("checkpoint writer", "finish (fsync, rename)");
         summary = file->finish();
       } catch (const std::exception& e) {
         std::lock_guard lock(f.mutex);

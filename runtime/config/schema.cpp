@@ -48,7 +48,9 @@ constexpr KeySpec kKeys[] = {
     {kTop, "steps_per_print", "int > 0 or null", "null", S::implemented, A::rejected, "null: never print"},
     {kTop, "wall_clock_breakdown", "bool", "false", S::implemented, A::rejected,
      "step phase timers; with CPU offload, copy and CPU time per step (EngineStats::last_step_offload)"},
-    {kTop, "memory_breakdown", "bool", "false", S::implemented, A::rejected, "memory report around each phase"},
+    {kTop, "memory_breakdown", "bool", "false", S::implemented, A::rejected,
+     "each log line carries current and peak memory by category per phase of the step; the end says where each "
+     "category peaked (docs/memory.md)"},
     {kTop, "dump_state", "bool", "false", S::no_effect, A::rejected, "zero3 prints the resolved config instead"},
     {kTop, "prescale_gradients", "bool", "false", S::implemented, A::rejected,
      "true is an error with stage 3 + reduce_scatter (DeepSpeed asserts)"},

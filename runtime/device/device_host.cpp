@@ -16,6 +16,7 @@
 #include "scope_guard.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
+#include "zero3/core/trace.hpp"
 #include "zero3/kernels/kernels.hpp"
 
 namespace zero3 {
@@ -123,6 +124,7 @@ void HostStream::run() {
     }
     std::exception_ptr failure;
     if (!skip) {
+      const std::int64_t began = task.trace_track.empty() ? -1 : trace::now_us();
       try {
         // Host functions may touch guarded scope memory; ordering markers touch none.
         const detail::scope_guard::StreamWork work(!task.always_run && detail::scope_guard::enabled());
@@ -130,6 +132,7 @@ void HostStream::run() {
       } catch (...) {
         failure = std::current_exception();
       }
+      if (began >= 0) trace::span(task.trace_track, std::move(task.trace_name), began, trace::now_us());
     }
     // Destroy the task's captures (possibly the last owner of a Buffer) before the task counts as
     // done, so a caller returning from synchronize() sees their effects, e.g. the memory accounting.
@@ -145,13 +148,13 @@ void HostStream::run() {
 
 void HostStream::record(Event& event) {
   std::shared_ptr<HostMarker> marker = as_host_event(event, name_).begin_record();
-  enqueue({[marker] { marker->complete(); }, true});
+  enqueue({[marker] { marker->complete(); }, true, {}, {}});
 }
 
 void HostStream::wait(Event& event) {
   std::shared_ptr<HostMarker> marker = as_host_event(event, name_).latest();
   if (marker == nullptr || marker->done()) return;  // never recorded or already reached: nothing to wait for
-  enqueue({[marker] { marker->wait(); }, true});
+  enqueue({[marker] { marker->wait(); }, true, {}, {}});
 }
 
 void HostStream::synchronize() {
@@ -167,8 +170,18 @@ void HostStream::synchronize() {
 }
 
 void HostStream::launch_host(std::function<void()> fn) {
+  launch_host_on_track(std::move(fn), name_);
+}
+
+void HostStream::launch_host_on_track(std::function<void()> fn, std::string_view track) {
   ZERO3_CHECK(fn != nullptr, "launch_host: empty function");
-  enqueue({std::move(fn), false});
+  Task task{std::move(fn), false, {}, {}};
+  if (trace::enabled()) {
+    task.trace_track = track;
+    task.trace_name = trace::current_label();
+    if (task.trace_name.empty()) task.trace_name = "work";
+  }
+  enqueue(std::move(task));
 }
 
 // ---------------------------------------------------------------- device
@@ -213,7 +226,15 @@ void HostDevice::copy_async(BufferView dst, ConstBufferView src, Stream& stream)
   ZERO3_CHECK(dst.count == src.count,
               fmt::format("copy_async: count mismatch (dst {} elements, src {} elements)", dst.count, src.count));
   if (dst.count == 0) return;
-  stream.launch_host([dst, src] { std::memcpy(dst.data, src.data, src.size_bytes()); });
+  auto copy = [dst, src] { std::memcpy(dst.data, src.data, src.size_bytes()); };
+  if (!trace::enabled()) {
+    stream.launch_host(std::move(copy));
+    return;
+  }
+  const trace::Label what(
+      fmt::format("copy {} -> {}, {} bytes", memory_kind_name(src.kind), memory_kind_name(dst.kind), src.size_bytes()));
+  // Copies of each stream on a track of their own: they run in that stream's order, so spans never cross.
+  static_cast<HostStream&>(stream).launch_host_on_track(std::move(copy), fmt::format("copies ({})", stream.name()));
 }
 
 const kernels::KernelBackend& HostDevice::kernels() const {

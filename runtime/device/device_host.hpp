@@ -63,11 +63,16 @@ class HostStream final : public Stream {
   void synchronize() override;
   void launch_host(std::function<void()> fn) override;
   void* native_handle() override { return nullptr; }
+  // launch_host, shown on the trace's `track` instead of the stream's own (the device's copies).
+  void launch_host_on_track(std::function<void()> fn, std::string_view track);
 
  private:
   struct Task {
     std::function<void()> fn;
     bool always_run = false;  // ordering markers run even after an error, so waiters never hang
+    // While a trace is recorded (zero3/core/trace.hpp): the span's track and name ("" track: none).
+    std::string trace_track;
+    std::string trace_name;
   };
   void enqueue(Task task);
   void run();

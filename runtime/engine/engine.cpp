@@ -14,6 +14,7 @@
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
+#include "zero3/core/trace.hpp"
 #include "zero3/kernels/kernels.hpp"
 #include "zero3/offload/pinned_budget.hpp"
 
@@ -393,6 +394,7 @@ StepResult Engine::Impl::step() {
 
 void Engine::Impl::step_boundary(StepResult& r) {
   r.boundary = true;
+  if (config.memory_breakdown || trace::enabled()) device->memory().enter_phase("reductions");
   // The step may update persistent params that compute work enqueued so far still reads.
   const auto started = std::chrono::steady_clock::now();
   compute->record(*compute_done);
@@ -403,6 +405,7 @@ void Engine::Impl::step_boundary(StepResult& r) {
   const auto reduced = std::chrono::steady_clock::now();
   engine::WindowMarks marks = std::exchange(this->marks, {});
   marks.step = global_step + 1;
+  if (config.memory_breakdown || trace::enabled()) device->memory().enter_phase("optimizer step");
   engine::StepOutcome out;
   try {
     out = optimizer_step->run(marks);

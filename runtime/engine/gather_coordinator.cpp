@@ -1,9 +1,12 @@
 #include "gather_coordinator.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "zero3/comm/fault.hpp"
 #include "zero3/comm/watchdog.hpp"
+#include "zero3/core/trace.hpp"
 
 namespace zero3::engine {
 
@@ -68,6 +71,7 @@ void GatherCoordinator::gather(std::size_t unit, bool /*prefetched*/) {
   if (!s.ready) s.ready = events_.acquire();
   // Named at the issue site: a prefetch issued while unit k computes is unit k+1's gather.
   const comm::ScopedOpAnnotation note("gather", ul.name);
+  const trace::Label label(fmt::format("gather {}", ul.name));
   const bool skip = comm::fault::fire(comm::fault::Kind::skip_gather, comm_.rank(), comm::progress_steps_done(),
                                       static_cast<std::int64_t>(unit));
   for (const Group g : {Group::trainable, Group::frozen}) {

@@ -1,8 +1,11 @@
 #include "grad_reducer.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "zero3/comm/watchdog.hpp"
+#include "zero3/core/trace.hpp"
 #include "zero3/kernels/kernels.hpp"
 
 namespace zero3::engine {
@@ -83,6 +86,7 @@ void GradReducer::reduce(std::size_t unit, GradBuffer grads) {
   compute_.record(*compute_done_);
   comm_stream_.wait(*compute_done_);
   const comm::ScopedOpAnnotation note("reduce", ul.name);
+  const trace::Label label(fmt::format("reduce {}", ul.name));
   if (single_rank_) {
     accumulate_single_rank(g, grads.view);
   } else if (ul.persistent) {

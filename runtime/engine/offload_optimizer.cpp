@@ -13,6 +13,7 @@
 
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
+#include "zero3/core/trace.hpp"
 #include "zero3/kernels/kernels.hpp"
 
 namespace zero3::engine {
@@ -298,6 +299,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
       // CPU steps the next one, so only the last slice's copy is left after the CPU work.
       for (std::size_t s0 = 0; s0 < c.count; s0 += kPipelineElems) {
         const std::size_t n = std::min(kPipelineElems, c.count - s0);
+        const trace::Scope span("cpu optimizer", fmt::format("step {} params", n));
         const auto start = Timeline::Clock::now();
         const auto first_segment =
             std::lower_bound(segments_.begin(), segments_.end(), c.offset + s0,
@@ -388,6 +390,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     const DType dtype = comm_dtype_;
     worker_.submit([this, &slot, acc, src, dtype, n, overwrite, want_stats, out] {
       slot.copied->synchronize();
+      const trace::Scope span("cpu optimizer", fmt::format("accumulate {} gradients", n));
       const auto start = Timeline::Clock::now();
       const offload::SimdPath simd = host_.simd();
       const std::size_t elem = size_of(dtype);

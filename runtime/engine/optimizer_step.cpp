@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "zero3/comm/watchdog.hpp"
+#include "zero3/core/trace.hpp"
 #include "zero3/kernels/kernels.hpp"
 
 namespace zero3::engine {
@@ -163,6 +164,7 @@ OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimize
 }
 
 StepOutcome OptimizerStep::run(const WindowMarks& marks) {
+  const trace::Label label("optimizer step");
   // The previous run() synchronized its stream after the scalars' copies, so none still reads host_marks_.
   float* m = host_marks_.view().as<float>();
   m[0] = 0.0f;

@@ -78,6 +78,23 @@ std::string peak_memory_table(comm::Bootstrap& bootstrap, const MemoryTracker& m
   return peak_memory_table(gather_peaks(bootstrap, memory));
 }
 
+std::string peak_phase_lines(const MemoryTracker& memory) {
+  std::string out;
+  for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    for (std::size_t c = 0; c < kNumMemCategories; ++c) {
+      const auto kind = static_cast<MemoryKind>(k);
+      const auto cat = static_cast<MemCategory>(c);
+      const std::size_t peak = memory.get(kind, cat).peak_bytes;
+      if (peak == 0) continue;
+      const std::string phase = memory.peak_phase(kind, cat);
+      out += fmt::format("  {:<32} {:>10.2f} MiB  in {}\n",
+                         fmt::format("{} {}", memory_kind_name(kind), mem_category_name(cat)),
+                         static_cast<double>(peak) / (1 << 20), phase.empty() ? "start-up" : phase);
+    }
+  }
+  return out;
+}
+
 nlohmann::json memory_table_json(const MemoryTable& table) {
   nlohmann::json j = nlohmann::json::object();
   for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {

@@ -6,12 +6,15 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <utility>
 
 #include "zero3/ckpt/checkpoint.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
+#include "zero3/train/memory_report.hpp"
 
 namespace zero3::train {
 namespace {
@@ -53,7 +56,41 @@ void LogLine::on_log(const LogEvent& e) {
         s.total_ms(), s.forward_ms, s.backward_ms, s.step_ms, s.optimizer_ms, s.gather_wait_ms, s.reduce_wait_ms,
         s.copies_exposed_ms);
   }
+  if (!e.memory_phases.empty()) fmt::print("{}", memory_phase_lines(e.memory_phases));
   std::fflush(stdout);
+}
+
+std::string memory_phase_lines(const std::vector<MemoryTracker::PhaseStats>& phases) {
+  constexpr double kMiB = 1 << 20;
+  std::string out = "  memory by phase (MiB; peak, and at its end; the largest categories at the peak):\n";
+  for (const MemoryTracker::PhaseStats& p : phases) {
+    out += fmt::format("    {:<28}", p.name);
+    for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+      std::size_t peak = 0;
+      std::size_t now = 0;
+      for (const MemoryTracker::Counter& c : p.bytes[k]) {
+        peak += c.peak_bytes;
+        now += c.current_bytes;
+      }
+      if (peak == 0) continue;
+      out += fmt::format(" {} {:.2f} ({:.2f})", memory_kind_name(static_cast<MemoryKind>(k)),
+                         static_cast<double>(peak) / kMiB, static_cast<double>(now) / kMiB);
+    }
+    // The two largest device categories at their peak: what the phase is made of.
+    std::vector<std::pair<std::size_t, std::size_t>> top;
+    for (std::size_t c = 0; c < kNumMemCategories; ++c) {
+      const std::size_t b = p.bytes[static_cast<std::size_t>(MemoryKind::device)][c].peak_bytes;
+      if (b > 0) top.emplace_back(b, c);
+    }
+    std::sort(top.begin(), top.end(), std::greater<>());
+    for (std::size_t i = 0; i < std::min<std::size_t>(2, top.size()); ++i) {
+      out +=
+          fmt::format("{} {} {:.2f}", i == 0 ? "  [" : ", ", mem_category_name(static_cast<MemCategory>(top[i].second)),
+                      static_cast<double>(top[i].first) / kMiB);
+    }
+    out += top.empty() ? "\n" : "]\n";
+  }
+  return out;
 }
 
 void LogLine::on_save(const ckpt::SaveReport& rep) {
@@ -100,6 +137,22 @@ void JsonlMetrics::on_log(const LogEvent& e) {
                          {"tokens_per_s", e.tokens_per_s}};
   if (e.entropy_floor) line["entropy_floor"] = *e.entropy_floor;
   if (e.timed) line["time_ms"] = split_json(e.split);
+  if (!e.memory_phases.empty()) {
+    nlohmann::json phases = nlohmann::json::array();
+    for (const MemoryTracker::PhaseStats& p : e.memory_phases) {
+      MemoryTable current;
+      MemoryTable peak;
+      for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+        for (std::size_t c = 0; c < kNumMemCategories; ++c) {
+          current.bytes[k][c] = p.bytes[k][c].current_bytes;
+          peak.bytes[k][c] = p.bytes[k][c].peak_bytes;
+        }
+      }
+      phases.push_back(
+          {{"phase", p.name}, {"current_bytes", memory_table_json(current)}, {"peak_bytes", memory_table_json(peak)}});
+    }
+    line["memory"] = phases;
+  }
   out_ << line.dump() << '\n' << std::flush;
 }
 

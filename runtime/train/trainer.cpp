@@ -15,6 +15,7 @@
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
+#include "zero3/core/trace.hpp"
 #include "zero3/train/step_guard.hpp"
 
 namespace zero3::train {
@@ -213,6 +214,8 @@ void Trainer::maybe_save(std::int64_t done, bool force) {
   if (!(due || force)) return;
   nlohmann::json state = data_.position(done);
   state[StepGuard::kStateKey] = guard_->state();
+  Engine& engine = unit_trainer_.engine();
+  if (engine.config().memory_breakdown || trace::enabled()) engine.memory().enter_phase("checkpoint staging");
   checkpointer_->save(options_.save_dir, fmt::format("global_step{}", done), done, state);
   saved_step_ = done;
   has_checkpoint_ = true;
@@ -247,6 +250,7 @@ void Trainer::log_interval(std::int64_t done, const StepResult& r, double loss, 
   e.split = window.split.scaled(1.0 / static_cast<double>(window.steps));
   e.train_loss = sum_over_ranks(*unit_trainer_.bootstrap(), loss) / world;
   e.heldout_loss = heldout_loss();
+  if (engine.config().memory_breakdown) e.memory_phases = engine.memory().take_phase_stats();
   e.entropy_floor = data_.entropy_floor();
   summary_.heldout_loss = e.heldout_loss;
   notify([&](TrainObserver& o) { o.on_log(e); });
@@ -267,6 +271,7 @@ TrainSummary Trainer::run() {
       const std::int64_t done = step + 1;
       window.steps += 1;
       window.split += unit_trainer_.last_split();
+      trace::instant("steps", fmt::format("step {}", done));
       StepEvent e{done, options_.steps, done * global_batch, loss, last_result_, seconds_since(start), 0.0};
       e.tokens_per_s =
           static_cast<double>((done - summary_.start_step) * global_batch * data_.predictions_per_window()) /

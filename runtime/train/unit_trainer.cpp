@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "zero3/core/error.hpp"
+#include "zero3/core/trace.hpp"
 #include "zero3/train/unit_walk.hpp"
 
 namespace zero3::train {
@@ -96,11 +97,18 @@ double UnitTrainer::micro_batch(std::span<const std::int32_t> tokens, std::span<
   EngineUnits units(*engine_, model_->units());
   model_->set_batch(tokens, targets, batch, len, models::Pass::train);
   const Clock::time_point t0 = Clock::now();
-  walk_forward(units, [&](const UnitViews& u) { model_->forward_unit(u.unit, u.params, stream); });
+  const std::vector<UnitSpec>& specs = model_->units();
+  walk_forward(units, [&](const UnitViews& u) {
+    const trace::Scope span("model", fmt::format("forward {}", specs[u.unit].name));
+    model_->forward_unit(u.unit, u.params, stream);
+  });
   if (timed_) stream.synchronize();
   const Clock::time_point t1 = Clock::now();
   const auto seed = static_cast<float>(engine_->loss_multiplier());
-  walk_backward(units, [&](const UnitViews& u) { model_->backward_unit(u.unit, u.params, u.grads, seed, stream); });
+  walk_backward(units, [&](const UnitViews& u) {
+    const trace::Scope span("model", fmt::format("backward {}", specs[u.unit].name));
+    model_->backward_unit(u.unit, u.params, u.grads, seed, stream);
+  });
   if (timed_) stream.synchronize();
   window_.forward_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
   window_.backward_ms += ms_since(t1);
@@ -128,7 +136,7 @@ StepResult UnitTrainer::step() {
 double UnitTrainer::eval(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
                          int len) {
   Stream& stream = engine_->compute_stream();
-  EngineUnits units(*engine_, model_->units());
+  EngineUnits units(*engine_, model_->units(), "held-out");
   model_->set_batch(tokens, targets, batch, len, models::Pass::eval);
   const Engine::UntracedScope untraced = engine_->untraced();  // keeps the training's prefetch schedule
   walk_forward(units, [&](const UnitViews& u) { model_->forward_unit(u.unit, u.params, stream); });

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "zero3/core/error.hpp"
+#include "zero3/core/trace.hpp"
 
 namespace zero3::train {
 
@@ -21,6 +22,9 @@ void EngineUnits::visit(std::size_t unit, bool with_grads, const UnitFn& fn) {
     throw UsageError(fmt::format("EngineUnits::visit: unit {} of {}", unit, units_.size()));
   }
   const UnitSpec& spec = units_[unit];
+  if (engine_.config().memory_breakdown || trace::enabled()) {
+    engine_.memory().enter_phase(fmt::format("{} {}", with_grads ? "backward" : forward_phase_, spec.name));
+  }
   const Engine::GatherScope gathered = engine_.gather(spec.name);
   std::vector<BufferView> params;
   params.reserve(spec.params.size());

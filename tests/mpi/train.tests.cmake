@@ -36,3 +36,12 @@ if(TARGET zero3)
                    ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
   set_tests_properties(mpi.train_nonfinite_cli PROPERTIES LABELS "mpi" TIMEOUT 300)
 endif()
+
+# `zero3 train --profile` and `zero3 mem report` (tests/mpi/profile_test.sh): a well-formed trace at world
+# size 2 (tests/mpi/check_trace.py), per-phase memory in the log and JSONL, the report's tables and PNGs.
+if(TARGET zero3 AND NOT ZERO3_SANITIZE)
+  add_test(NAME mpi.train_profile
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/profile_test.sh $<TARGET_FILE:zero3>
+                   ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
+  set_tests_properties(mpi.train_profile PROPERTIES LABELS "mpi" TIMEOUT 300 PROCESSORS 2)
+endif()

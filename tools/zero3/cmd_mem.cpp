@@ -95,7 +95,7 @@ void run_plan(const PlanOptions& o) {
 
 void add_mem_command(CLI::App& app) {
   CLI::App* group =
-      app.add_subcommand("mem", "Memory: a job's plan before launch, and what fits");
+      app.add_subcommand("mem", "Memory: a job's plan before launch, what fits, the report of a profiled run");
   group->require_subcommand(1);
   auto opt = std::make_shared<PlanOptions>();
   CLI::App* plan = group->add_subcommand(
@@ -110,6 +110,7 @@ void add_mem_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   plan->add_flag("--json", opt->json, "One JSON object: per rank peak_bytes by kind and category, as --memory-json");
   plan->callback([opt] { run_plan(*opt); });
+  add_mem_report_command(*group);
   add_mem_fit_command(*group);
 }
 

@@ -33,6 +33,7 @@
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 #include "zero3/core/log.hpp"
+#include "zero3/core/trace.hpp"
 #include "zero3/models/gpt.hpp"
 #include "zero3/models/model_factory.hpp"
 #include "zero3/train/memory_report.hpp"
@@ -57,6 +58,7 @@ struct TrainOptions {
   std::string save_mode = "async";  // "async" or "sync"
   std::int64_t save_staging_mb = 256;
   std::string memory_json;                 // the measured peaks per rank (rank 0 writes it)
+  std::string profile_dir;                 // the trace, the plan and the measured peaks
   std::optional<double> device_memory_gb;  // the device memory per rank the plan must fit in
 };
 
@@ -114,8 +116,34 @@ void write_memory_json(const std::string& path, const std::vector<train::RankPea
     throw Error(fmt::format("--memory-json {}: cannot write: {}", path, std::generic_category().message(errno)));
 }
 
+// --profile DIR: every rank's trace (DIR/rank<r>.trace.json), merged by rank 0 into DIR/trace.json (one
+// process per rank), and DIR/memory.json: the plan and the measured peaks, for `zero3 mem report DIR`.
+void write_profile(const std::filesystem::path& dir, const comm::World& world, train::UnitTrainer& t,
+                   const std::vector<train::RankPeaks>& peaks) {
+  trace::stop();
+  const auto part = [&](int r) { return dir / fmt::format("rank{}.trace.json", r); };
+  trace::write_json(part(world.rank), world.rank, fmt::format("rank {}", world.rank));
+  t.bootstrap()->barrier();
+  if (world.rank != 0) return;
+  std::vector<std::filesystem::path> parts;
+  parts.reserve(static_cast<std::size_t>(world.size));
+  for (int r = 0; r < world.size; ++r) parts.push_back(part(r));
+  trace::merge_json(parts, dir / "trace.json");
+  std::ofstream out(dir / "memory.json");
+  out << nlohmann::json{{"plan", train::plan_json(t.memory_plan())}, {"measured", train::peaks_json(peaks)}}.dump(1)
+      << '\n';
+  if (!out) throw Error(fmt::format("--profile {}: cannot write memory.json", dir.string()));
+}
+
 void train_job(const TrainOptions& o, const comm::World& world, const std::shared_ptr<LastStep>& last_step) {
   const config::Config cfg = load_train_config(o.job, world.size, world.source);
+  if (!o.profile_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.profile_dir, ec);
+    if (ec)
+      throw ConfigError(fmt::format("--profile {}: cannot create the directory: {}", o.profile_dir, ec.message()));
+    trace::start();
+  }
   const config::AlertSettings& alerts = cfg.zero3.alerts;
   events::configure({.run_dir = run_dir_of(o),
                      .rank = world.rank,
@@ -160,6 +188,7 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
       train::gather_peaks(*unit_trainer.bootstrap(), unit_trainer.engine().memory());
   const std::string memory = train::peak_memory_table(peaks);
   if (world.rank == 0 && !o.memory_json.empty()) write_memory_json(o.memory_json, peaks);
+  if (!o.profile_dir.empty()) write_profile(o.profile_dir, world, unit_trainer, peaks);
   if (s.preempted) {
     if (world.rank == 0) print_preempted(*s.preempted, s.steps);
     throw CLI::RuntimeError(train::kExitPreempted);
@@ -171,6 +200,10 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
                  *s.entropy_floor);
     }
     fmt::print("\npeak memory per rank by kind and category:\n{}", memory);
+    if (cfg.memory_breakdown) {
+      fmt::print("where rank 0's peaks were reached (memory_breakdown):\n{}",
+                 train::peak_phase_lines(unit_trainer.engine().memory()));
+    }
     std::fflush(stdout);
   }
 }
@@ -234,6 +267,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--memory-json", opt->memory_json,
                   "Write every rank's measured peak bytes by memory kind and category (the shape of zero3 mem plan "
                   "--json) to this file (rank 0)");
+  cmd->add_option("--profile", opt->profile_dir,
+                  "Record a timeline: DIR/trace.json (Chrome trace events, opens in Perfetto: a track per stream, "
+                  "copies, CPU optimizer, checkpoint writer, the step's phases; memory counters; step markers) and "
+                  "DIR/memory.json (plan and measured peaks); zero3 mem report DIR prints and plots them");
   cmd->add_option("--device-memory-gb", opt->device_memory_gb,
                   "Device memory per rank (GiB) the job's memory plan must fit in before anything is allocated; the "
                   "host backend then simulates a device of this size")

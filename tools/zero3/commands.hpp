@@ -12,8 +12,9 @@ void add_demo_command(CLI::App& app);    // zero3 demo: sharded collectives over
 void add_info_command(CLI::App& app);    // zero3 info: build, backends, devices, topology
 void add_bench_command(CLI::App& app);   // zero3 bench engine: zero3 vs plain buffers, side by side
 void add_train_command(CLI::App& app);   // zero3 train: the GPT of a config through the engine
-void add_mem_command(CLI::App& app);     // zero3 mem plan, fit: a job's memory per rank, by kind and category
-// zero3 mem fit (registered by add_mem_command on its `mem` subcommand)
+void add_mem_command(CLI::App& app);     // zero3 mem plan, report: a job's memory per rank, by kind and category
+// zero3 mem report, fit (registered by add_mem_command on its `mem` subcommand)
+void add_mem_report_command(CLI::App& group);
 void add_mem_fit_command(CLI::App& group);
 void add_ckpt_command(CLI::App& app);   // zero3 ckpt info, export: inspect, verify, export checkpoints
 void add_debug_command(CLI::App& app);  // zero3 debug flight: the first divergence in the ranks' flight records

@@ -7,9 +7,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace zero3 {
 
@@ -53,14 +56,40 @@ class MemoryTracker {
   // A human-readable table of the non-zero rows.
   std::string report() const;
 
+  // Phases of a step (memory_breakdown): enter_phase() says which phase allocations from now on belong to
+  // ("forward blocks.3", "optimizer step"). Each (kind, category) remembers the phase its peak was reached
+  // in; and per phase, the bytes current when it ended and its peak are kept until take_phase_stats().
+  using Snapshot = std::array<std::array<Counter, kNumMemCategories>, kNumMemoryKinds>;
+  struct PhaseStats {
+    std::string name;
+    Snapshot bytes{};  // current_bytes: when the phase last ended; peak_bytes: the most while it ran
+  };
+  void enter_phase(std::string_view name);
+  // The phases entered since the previous call, in the order first entered, the one running included
+  // (its figures so far); then they start afresh.
+  std::vector<PhaseStats> take_phase_stats();
+  // The phase the peak of (kind, category) was reached in, "" when it was reached outside any.
+  std::string peak_phase(MemoryKind kind, MemCategory cat) const;
+
  private:
   struct AtomicCounter {
     std::atomic<std::size_t> current{0};
     std::atomic<std::size_t> peak{0};
+    std::atomic<std::size_t> interval_peak{0};
+    std::atomic<std::uint32_t> peak_phase{0};
   };
-  static void add(AtomicCounter& c, std::size_t n);
+  void add(AtomicCounter& c, std::size_t n);
   std::array<std::array<AtomicCounter, kNumMemCategories>, kNumMemoryKinds> cells_{};
   std::array<AtomicCounter, kNumMemoryKinds> totals_{};
+  // Folds the interval since the last fold into the running phase's stats (phases_mutex_ held).
+  void fold_interval();
+  // A trace counter sample of `kind`'s categories (zero3/core/trace.hpp), while a trace is recorded.
+  void trace_counter(MemoryKind kind) const;
+  std::atomic<std::uint32_t> phase_{0};  // the running phase: 1 + its index in phase_names_; 0 none
+  mutable std::mutex phases_mutex_;
+  std::vector<std::string> phase_names_;
+  std::vector<std::pair<std::uint32_t, Snapshot>> phase_stats_;  // since take_phase_stats(), first-entered order
+  std::int64_t phase_began_us_ = -1;                             // the running phase's start on the trace clock
 };
 
 }  // namespace zero3

@@ -30,6 +30,10 @@ std::string peak_memory_table(const std::vector<RankPeaks>& ranks);
 // Collective: gather_peaks, then the table, on every rank.
 std::string peak_memory_table(comm::Bootstrap& bootstrap, const MemoryTracker& memory);
 
+// memory_breakdown: the phase of the step each of this rank's non-zero categories peaked in, one line each
+// ("  device param_gathered     3.02 MiB  in forward blocks.1").
+std::string peak_phase_lines(const MemoryTracker& memory);
+
 // {"device": {"param_shard": bytes, ... every category}, "pinned_host": {...}, "pageable_host": {...}}.
 nlohmann::json memory_table_json(const MemoryTable& table);
 // {"ranks": [{"rank": r, "peak_bytes": memory_table_json(...), "total_peak_bytes": {...}}, ...]}.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <optional>
+#include <vector>
 
 #include "zero3/ckpt/checkpointer.hpp"
 #include "zero3/engine/engine.hpp"
@@ -36,6 +37,10 @@ struct LogEvent {
   double tokens_per_s = 0.0;  // of the steps since the last log line, held-out pass excluded
   bool timed = false;         // wall_clock_breakdown: `split` holds the mean step split since the last line
   StepSplit split;
+  // memory_breakdown: each phase of the steps since the last line (forward/backward of each unit, the
+  // held-out pass, reductions, optimizer step, checkpoint staging), with the bytes current when it ended and
+  // its peak, by kind and category, on this rank.
+  std::vector<MemoryTracker::PhaseStats> memory_phases;
 };
 
 class TrainObserver {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "zero3/config/config.hpp"
 #include "zero3/train/observer.hpp"
@@ -70,6 +71,10 @@ class CsvMonitor final : public TrainObserver {
   std::filesystem::path dir_;
   std::set<std::string> started_;
 };
+
+// memory_breakdown's lines under a log line: per phase, each kind's peak and its bytes at the phase's end
+// (MiB), and the two largest device categories.
+std::string memory_phase_lines(const std::vector<MemoryTracker::PhaseStats>& phases);
 
 // A held-out loss below the data's entropy floor by more than the estimate's sampling noise (`margin`
 // nats) means the model sees what it should not (a future token): the run stops with an Error. A non-finite

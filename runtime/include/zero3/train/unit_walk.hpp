@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <functional>
 #include <span>
+#include <string>
+#include <utility>
 
 #include "zero3/core/buffer_view.hpp"
 #include "zero3/engine/engine.hpp"
@@ -51,13 +53,18 @@ void walk_backward(UnitSource& source, const UnitFn& fn);
 // in forward order (they must outlive this object).
 class EngineUnits final : public UnitSource {
  public:
-  EngineUnits(Engine& engine, std::span<const UnitSpec> units) : engine_(engine), units_(units) {}
+  // With memory_breakdown, each visit is a phase of the engine's memory tracker, entered before the gather:
+  // "<forward_phase> <unit>" without gradients ("forward", or "held-out" for an evaluation pass),
+  // "backward <unit>" with them.
+  EngineUnits(Engine& engine, std::span<const UnitSpec> units, std::string forward_phase = "forward")
+      : engine_(engine), units_(units), forward_phase_(std::move(forward_phase)) {}
   std::size_t num_units() const override { return units_.size(); }
   void visit(std::size_t unit, bool with_grads, const UnitFn& fn) override;
 
  private:
   Engine& engine_;
   std::span<const UnitSpec> units_;
+  std::string forward_phase_;
 };
 
 }  // namespace zero3::train
