@@ -48,10 +48,13 @@ void parse_data(ObjectReader& z, Context& cx) {
   ObjectReader r(*j, z.path_of("data"), "zero3.data", cx.sink);
   DataSettings& d = cx.config.zero3.data;
   if (r.get_string("source", d.source) == Got::value) {
-    constexpr std::string_view kTokens = "tokens:";
-    const bool tokens = d.source.rfind(kTokens, 0) == 0 && d.source.size() > kTokens.size();
-    if (d.source != "synthetic:markov" && !tokens) {
-      r.error("source", fmt::format("expected \"synthetic:markov\" or \"tokens:<file>\", got \"{}\"", d.source));
+    const auto file_scheme = [&](std::string_view scheme) {
+      return d.source.rfind(scheme, 0) == 0 && d.source.size() > scheme.size();
+    };
+    if (d.source != "synthetic:markov" && !file_scheme("tokens:") && !file_scheme("raw16:")) {
+      r.error("source", fmt::format("expected \"synthetic:markov\", \"tokens:<file>\" (a zero3 or llm.c token file) "
+                                    "or \"raw16:<file>\" (headerless uint16 ids), got \"{}\"",
+                                    d.source));
     }
   }
   r.get_int("markov_order", d.markov_order, IntRange::at_least(1));

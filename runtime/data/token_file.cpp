@@ -125,7 +125,19 @@ void write_token_file(const std::filesystem::path& path, std::span<const TokenId
   }
 }
 
-TokenFile TokenFile::open(const std::filesystem::path& path, double heldout_fraction) {
+const char* token_file_format_name(TokenFileFormat format) {
+  switch (format) {
+    case TokenFileFormat::zero3:
+      return "zero3";
+    case TokenFileFormat::llmc:
+      return "llm.c";
+    case TokenFileFormat::raw16:
+      return "raw uint16";
+  }
+  return "?";
+}
+
+TokenFile TokenFile::map(const std::filesystem::path& path, double heldout_fraction) {
   const std::string name = path.string();
   if (!(heldout_fraction > 0.0 && heldout_fraction < 1.0)) {
     throw ConfigError(
@@ -141,12 +153,9 @@ TokenFile TokenFile::open(const std::filesystem::path& path, double heldout_frac
                                   S_ISREG(st.st_mode) ? fmt::format(": {}", std::strerror(err)) : ""));
   }
   const auto file_bytes = static_cast<std::uint64_t>(st.st_size);
-  if (file_bytes < kTokenFileHeaderBytes) {
+  if (file_bytes == 0) {
     ::close(fd);
-    throw ConfigError(
-        fmt::format("token file '{}': {} bytes, shorter than the {}-byte header (truncated, or not a "
-                    "token file)",
-                    name, file_bytes, kTokenFileHeaderBytes));
+    throw ConfigError(fmt::format("token file '{}': the file is empty", name));
   }
   void* mapped = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
@@ -155,15 +164,35 @@ TokenFile TokenFile::open(const std::filesystem::path& path, double heldout_frac
     throw ConfigError(
         fmt::format("token file '{}': cannot map {} bytes: {}", name, file_bytes, std::strerror(map_errno)));
   }
-  TokenFile file;  // owns the mapping from here on, so every throw below unmaps it
+  TokenFile file;  // owns the mapping from here on, so every throw unmaps it
   file.path_ = path;
   file.mapping_ = static_cast<const std::byte*>(mapped);
   file.mapping_bytes_ = file_bytes;
-  const std::byte* header = file.mapping_;
+  return file;
+}
 
-  if (std::memcmp(header, kTokenFileMagic, sizeof(kTokenFileMagic)) != 0) {
-    throw ConfigError(fmt::format("token file '{}': bad magic \"{}\", expected \"ZERO3TOK\" (not a zero3 token file)",
-                                  name, printable(header, sizeof(kTokenFileMagic))));
+// ids_ after `header_bytes`, `count` of `width` bytes each, which must fill the rest of the file exactly.
+void TokenFile::set_ids(std::size_t header_bytes, std::uint64_t width, std::uint64_t count) {
+  const std::uint64_t payload = mapping_bytes_ - header_bytes;
+  if (count > payload / width || count * width != payload) {
+    throw ConfigError(fmt::format(
+        "token file '{}': size mismatch: the header says {} tokens x {} bytes, but {} bytes follow the {}-byte "
+        "header ({})",
+        path_.string(), count, width, payload, header_bytes, count > payload / width ? "truncated" : "trailing bytes"));
+  }
+  ids_ = mapping_ + header_bytes;
+  bytes_per_token_ = static_cast<int>(width);
+  token_count_ = static_cast<std::int64_t>(count);
+}
+
+void TokenFile::read_zero3_header() {
+  const std::string name = path_.string();
+  const std::byte* header = mapping_;
+  if (mapping_bytes_ < kTokenFileHeaderBytes) {
+    throw ConfigError(
+        fmt::format("token file '{}': {} bytes, shorter than the {}-byte header (truncated, or not a "
+                    "token file)",
+                    name, mapping_bytes_, kTokenFileHeaderBytes));
   }
   const std::uint64_t version = load_le(header + 8, 4);
   if (version != kTokenFileVersion) {
@@ -178,30 +207,95 @@ TokenFile TokenFile::open(const std::filesystem::path& path, double heldout_frac
   if (vocab < 1 || vocab > static_cast<std::uint64_t>(kMaxVocab)) {
     throw ConfigError(fmt::format("token file '{}': header vocab_size {} outside [1, {}]", name, vocab, kMaxVocab));
   }
-  const std::uint64_t count = load_le(header + 24, 8);
-  const std::uint64_t payload = file_bytes - kTokenFileHeaderBytes;
-  if (count > payload / width || count * width != payload) {
+  set_ids(kTokenFileHeaderBytes, width, load_le(header + 24, 8));
+  vocab_size_ = static_cast<std::int64_t>(vocab);
+  format_ = TokenFileFormat::zero3;
+}
+
+void TokenFile::read_llmc_header() {
+  const std::string name = path_.string();
+  if (mapping_bytes_ < kLlmcHeaderBytes) {
     throw ConfigError(fmt::format(
-        "token file '{}': size mismatch: the header says {} tokens x {} bytes, but {} bytes follow the {}-byte "
-        "header ({})",
-        name, count, width, payload, kTokenFileHeaderBytes, count > payload / width ? "truncated" : "trailing bytes"));
+        "token file '{}': llm.c magic, but {} bytes, shorter than llm.c's {}-byte header (256 x int32; truncated)",
+        name, mapping_bytes_, kLlmcHeaderBytes));
   }
-  file.ids_ = header + kTokenFileHeaderBytes;
-  file.bytes_per_token_ = static_cast<int>(width);
-  file.vocab_size_ = static_cast<std::int64_t>(vocab);
-  file.token_count_ = static_cast<std::int64_t>(count);
-
-  ::madvise(const_cast<std::byte*>(file.mapping_), file.mapping_bytes_, MADV_SEQUENTIAL);  // a hint; may fail
-  const std::int64_t bad = width == 2 ? first_out_of_vocab<2>(file.ids_, file.token_count_, vocab)
-                                      : first_out_of_vocab<4>(file.ids_, file.token_count_, vocab);
-  if (bad >= 0) {
-    throw ConfigError(fmt::format("token file '{}': token {} has id {}, outside [0, vocab_size = {})", name, bad,
-                                  id_at(file.ids_, bad, file.bytes_per_token_), vocab));
+  const auto magic = static_cast<std::int32_t>(load_le(mapping_, 4));
+  const auto version = static_cast<std::int32_t>(load_le(mapping_ + 4, 4));
+  const auto count = static_cast<std::int32_t>(load_le(mapping_ + 8, 4));
+  const std::int32_t expected_version = magic == kLlmcMagicGpt2 ? 1 : 7;
+  if (version != expected_version) {
+    throw ConfigError(fmt::format("token file '{}': llm.c magic {} with version {}; this build reads version {}", name,
+                                  magic, version, expected_version));
   }
-  ::madvise(const_cast<std::byte*>(file.mapping_), file.mapping_bytes_, MADV_RANDOM);  // training reads windows
+  if (count < 0) throw ConfigError(fmt::format("token file '{}': llm.c header token count {} < 0", name, count));
+  set_ids(kLlmcHeaderBytes, magic == kLlmcMagicGpt2 ? 2 : 4, static_cast<std::uint64_t>(count));
+  vocab_size_ = 0;
+  format_ = TokenFileFormat::llmc;
+}
 
-  const auto heldout = static_cast<std::int64_t>(std::floor(heldout_fraction * static_cast<double>(count)));
-  file.train_tokens_ = file.token_count_ - heldout;
+void TokenFile::validate_ids(double heldout_fraction) {
+  const std::string name = path_.string();
+  if (token_count_ == 0) throw ConfigError(fmt::format("token file '{}': holds no tokens", name));
+  ::madvise(const_cast<std::byte*>(mapping_), mapping_bytes_, MADV_SEQUENTIAL);  // a hint; may fail
+  if (vocab_size_ == 0) {  // no vocabulary in the file: every id a TokenId holds is allowed
+    const auto limit = static_cast<std::uint64_t>(kMaxVocab);
+    const std::int64_t bad = bytes_per_token_ == 2 ? -1 : first_out_of_vocab<4>(ids_, token_count_, limit);
+    if (bad >= 0) {
+      throw ConfigError(fmt::format("token file '{}': token {} has id {}, beyond the largest id this build reads ({})",
+                                    name, bad, id_at(ids_, bad, bytes_per_token_), limit - 1));
+    }
+    std::uint32_t largest = 0;
+    for (std::int64_t i = 0; i < token_count_; ++i) largest = std::max(largest, id_at(ids_, i, bytes_per_token_));
+    vocab_size_ = static_cast<std::int64_t>(largest) + 1;
+  } else {
+    const auto vocab = static_cast<std::uint64_t>(vocab_size_);
+    const std::int64_t bad = bytes_per_token_ == 2 ? first_out_of_vocab<2>(ids_, token_count_, vocab)
+                                                   : first_out_of_vocab<4>(ids_, token_count_, vocab);
+    if (bad >= 0) {
+      throw ConfigError(fmt::format("token file '{}': token {} has id {}, outside [0, vocab_size = {})", name, bad,
+                                    id_at(ids_, bad, bytes_per_token_), vocab));
+    }
+  }
+  ::madvise(const_cast<std::byte*>(mapping_), mapping_bytes_, MADV_RANDOM);  // training reads windows
+  const auto heldout = static_cast<std::int64_t>(std::floor(heldout_fraction * static_cast<double>(token_count_)));
+  train_tokens_ = token_count_ - heldout;
+}
+
+TokenFile TokenFile::open(const std::filesystem::path& path, double heldout_fraction) {
+  TokenFile file = map(path, heldout_fraction);
+  const std::size_t magic_bytes = std::min(file.mapping_bytes_, sizeof(kTokenFileMagic));
+  const auto llmc_magic =
+      file.mapping_bytes_ >= 4 ? static_cast<std::int32_t>(load_le(file.mapping_, 4)) : std::int32_t{0};
+  if (magic_bytes == sizeof(kTokenFileMagic) &&
+      std::memcmp(file.mapping_, kTokenFileMagic, sizeof(kTokenFileMagic)) == 0) {
+    file.read_zero3_header();
+  } else if (llmc_magic == kLlmcMagicGpt2 || llmc_magic == kLlmcMagicLlama3) {
+    file.read_llmc_header();
+  } else if (file.mapping_bytes_ < kTokenFileHeaderBytes) {
+    throw ConfigError(
+        fmt::format("token file '{}': {} bytes, shorter than the {}-byte header (truncated, or not a "
+                    "token file)",
+                    path.string(), file.mapping_bytes_, kTokenFileHeaderBytes));
+  } else {
+    throw ConfigError(fmt::format(
+        "token file '{}': bad magic \"{}\", expected \"ZERO3TOK\" (zero3) or the int32 {} or {} (llm.c); a "
+        "headerless file of uint16 ids is read with \"raw16:{}\"",
+        path.string(), printable(file.mapping_, magic_bytes), kLlmcMagicGpt2, kLlmcMagicLlama3, path.string()));
+  }
+  file.validate_ids(heldout_fraction);
+  return file;
+}
+
+TokenFile TokenFile::open_raw16(const std::filesystem::path& path, double heldout_fraction) {
+  TokenFile file = map(path, heldout_fraction);
+  if (file.mapping_bytes_ % 2 != 0) {
+    throw ConfigError(fmt::format("token file '{}': {} bytes, an odd count, cannot hold uint16 ids (truncated?)",
+                                  path.string(), file.mapping_bytes_));
+  }
+  file.set_ids(0, 2, file.mapping_bytes_ / 2);
+  file.vocab_size_ = 0;
+  file.format_ = TokenFileFormat::raw16;
+  file.validate_ids(heldout_fraction);
   return file;
 }
 
@@ -220,6 +314,7 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     token_count_ = std::exchange(other.token_count_, 0);
     train_tokens_ = std::exchange(other.train_tokens_, 0);
     bytes_per_token_ = std::exchange(other.bytes_per_token_, 0);
+    format_ = other.format_;
   }
   return *this;
 }
@@ -279,9 +374,11 @@ TokenId TokenFile::at(std::int64_t index) const {
 }
 
 std::string TokenFile::describe() const {
-  return fmt::format("tokens:{} ({} tokens x {} bytes, vocab_size={}, {} train / {} held-out)", path_.string(),
-                     token_count_, bytes_per_token_, vocab_size_, split_tokens(Split::train),
-                     split_tokens(Split::heldout));
+  return fmt::format("{}:{} ({} file, {} tokens x {} bytes, {}={}, {} train / {} held-out)",
+                     format_ == TokenFileFormat::raw16 ? "raw16" : "tokens", path_.string(),
+                     token_file_format_name(format_), token_count_, bytes_per_token_,
+                     format_ == TokenFileFormat::zero3 ? "vocab_size" : "largest id + 1", vocab_size_,
+                     split_tokens(Split::train), split_tokens(Split::heldout));
 }
 
 }  // namespace zero3::data

@@ -24,22 +24,29 @@ std::unique_ptr<TokenSource> make_token_source(const TokenSourceOptions& options
                                                         .corpus_tokens = options.markov_corpus_tokens});
   }
   constexpr std::string_view kTokensScheme = "tokens:";
-  if (source.starts_with(kTokensScheme)) {
-    const std::string_view path = source.substr(kTokensScheme.size());
+  constexpr std::string_view kRaw16Scheme = "raw16:";
+  const bool raw16 = source.starts_with(kRaw16Scheme);
+  if (source.starts_with(kTokensScheme) || raw16) {
+    const std::string_view path = source.substr(raw16 ? kRaw16Scheme.size() : kTokensScheme.size());
     if (path.empty()) {
-      throw ConfigError("zero3.data.source: \"tokens:\" needs a file path, as in \"tokens:/data/train.tok\"");
+      throw ConfigError(fmt::format("zero3.data.source: \"{}\" needs a file path, as in \"{}/data/train.bin\"",
+                                    raw16 ? kRaw16Scheme : kTokensScheme, raw16 ? kRaw16Scheme : kTokensScheme));
     }
-    auto file = std::make_unique<TokenFile>(TokenFile::open(std::string(path), options.heldout_fraction));
+    auto file = std::make_unique<TokenFile>(raw16 ? TokenFile::open_raw16(std::string(path), options.heldout_fraction)
+                                                  : TokenFile::open(std::string(path), options.heldout_fraction));
     if (file->vocab_size() > options.vocab_size) {
       throw ConfigError(fmt::format(
-          "zero3.data.source: token file '{}' has vocab_size {}, larger than zero3.model.vocab_size {}: its ids "
-          "would index past the embedding",
-          path, file->vocab_size(), options.vocab_size));
+          "zero3.data.source: token file '{}' has {} {}, larger than zero3.model.vocab_size {}: its ids would index "
+          "past the embedding",
+          path, file->format() == TokenFileFormat::zero3 ? "vocab_size" : "ids up to",
+          file->format() == TokenFileFormat::zero3 ? file->vocab_size() : file->vocab_size() - 1, options.vocab_size));
     }
     return file;
   }
   throw ConfigError(fmt::format(
-      "zero3.data.source: unknown source \"{}\"; expected \"synthetic:markov\" or \"tokens:<file>\"", options.source));
+      "zero3.data.source: unknown source \"{}\"; expected \"synthetic:markov\", \"tokens:<file>\" (zero3 or llm.c) or "
+      "\"raw16:<file>\" (headerless uint16)",
+      options.source));
 }
 
 }  // namespace zero3::data

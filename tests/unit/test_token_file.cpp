@@ -1,8 +1,11 @@
 // Token files: write/open round trips at both widths, window layout and splits, atomic writes, and every
 // validation error naming the file (missing, bad magic, version, width, truncated, trailing bytes, id out of
-// vocabulary with its index and value, context longer than the data), plus the source factory.
+// vocabulary with its index and value, context longer than the data), plus the source factory; llm.c shards
+// (both of llm.c's header variants) and headerless uint16 files written here byte by byte, read back, and
+// their bad headers named.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -58,6 +61,29 @@ void patch(const fs::path& path, std::size_t offset, const std::vector<unsigned 
   f.seekp(static_cast<std::streamoff>(offset));
   f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   REQUIRE(f.good());
+}
+
+// Writes raw bytes: an llm.c shard or a raw16 file, byte by byte as their writers lay them out.
+void write_bytes(const fs::path& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(f.good());
+}
+
+void put_le(std::vector<unsigned char>& out, std::uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<unsigned char>((value >> (8 * i)) & 0xffu));
+}
+
+// llm.c's dev/data/data_common.py layout: 256 int32 (magic, version, token count, zeros), then the ids.
+std::vector<unsigned char> llmc_shard(std::int32_t magic, std::int32_t version, std::int64_t count_in_header,
+                                      const std::vector<TokenId>& ids, int width) {
+  std::vector<unsigned char> out;
+  put_le(out, static_cast<std::uint32_t>(magic), 4);
+  put_le(out, static_cast<std::uint32_t>(version), 4);
+  put_le(out, static_cast<std::uint32_t>(count_in_header), 4);
+  out.resize(256 * 4, 0);
+  for (TokenId id : ids) put_le(out, static_cast<std::uint32_t>(id), width);
+  return out;
 }
 
 template <class Fn>
@@ -231,5 +257,111 @@ TEST_CASE("token source factory: schemes, vocabulary and errors", "[data][token_
   REQUIRE_THAT(config_error([] { make_token_source(TokenSourceOptions{.source = "hf:wikitext", .vocab_size = 8}); }),
                Catch::Contains("zero3.data.source") && Catch::Contains("hf:wikitext"));
   REQUIRE_THAT(config_error([] { make_token_source(TokenSourceOptions{.source = "tokens:", .vocab_size = 8}); }),
+               Catch::Contains("zero3.data.source"));
+}
+
+TEST_CASE("token file: llm.c shards and headerless uint16 files read back the ids written", "[data][token_file]") {
+  ScratchDir dir;
+  const auto gpt2_ids = random_ids(5000, 50257, 11);
+  const fs::path gpt2 = dir / "fineweb_train_000001.bin";
+  write_bytes(gpt2, llmc_shard(20240520, 1, 5000, gpt2_ids, 2));
+  const TokenFile shard = TokenFile::open(gpt2, 0.2);
+  REQUIRE(shard.format() == zero3::data::TokenFileFormat::llmc);
+  REQUIRE(shard.bytes_per_token() == 2);
+  REQUIRE(shard.token_count() == 5000);
+  REQUIRE(shard.split_tokens(Split::heldout) == 1000);
+  TokenId largest = 0;
+  for (std::int64_t i = 0; i < 5000; ++i) {
+    REQUIRE(shard.at(i) == gpt2_ids[static_cast<std::size_t>(i)]);
+    largest = std::max(largest, gpt2_ids[static_cast<std::size_t>(i)]);
+  }
+  REQUIRE(shard.vocab_size() == largest + 1);  // no vocabulary in the file: the largest id bounds it
+  std::vector<TokenId> window(33);
+  shard.tokens(Split::heldout, 2, 32, window);
+  for (std::size_t t = 0; t < window.size(); ++t) REQUIRE(window[t] == gpt2_ids[4000 + 64 + t]);
+  REQUIRE_THAT(shard.describe(), Catch::Contains("llm.c"));
+
+  const std::vector<TokenId> llama_ids = {0, 128000, 9906, 1917, 128255, 13};  // beyond 16 bits
+  const fs::path llama = dir / "llama3.bin";
+  write_bytes(llama, llmc_shard(20240801, 7, 6, llama_ids, 4));
+  const TokenFile wide = TokenFile::open(llama, 0.5);
+  REQUIRE(wide.bytes_per_token() == 4);
+  for (std::int64_t i = 0; i < 6; ++i) REQUIRE(wide.at(i) == llama_ids[static_cast<std::size_t>(i)]);
+  REQUIRE(wide.vocab_size() == 128256);
+
+  std::vector<unsigned char> raw_bytes;
+  const auto raw_ids = random_ids(777, 65536, 5);
+  for (TokenId id : raw_ids) put_le(raw_bytes, static_cast<std::uint32_t>(id), 2);
+  const fs::path raw = dir / "train.bin";
+  write_bytes(raw, raw_bytes);
+  const TokenFile headerless = TokenFile::open_raw16(raw, 0.1);
+  REQUIRE(headerless.format() == zero3::data::TokenFileFormat::raw16);
+  REQUIRE(headerless.token_count() == 777);
+  for (std::int64_t i = 0; i < 777; ++i) REQUIRE(headerless.at(i) == raw_ids[static_cast<std::size_t>(i)]);
+  REQUIRE_THAT(headerless.describe(), Catch::StartsWith("raw16:"));
+}
+
+TEST_CASE("token file: bad llm.c headers and raw16 files are named errors", "[data][token_file]") {
+  ScratchDir dir;
+  const auto ids = random_ids(100, 1000, 3);
+  const fs::path version = dir / "version.bin";
+  write_bytes(version, llmc_shard(20240520, 2, 100, ids, 2));
+  REQUIRE_THAT(config_error([&] { TokenFile::open(version); }),
+               Catch::Contains(version.string()) && Catch::Contains("llm.c magic 20240520 with version 2"));
+
+  const fs::path truncated = dir / "truncated.bin";
+  write_bytes(truncated, llmc_shard(20240520, 1, 101, ids, 2));  // the header claims one token more
+  REQUIRE_THAT(config_error([&] { TokenFile::open(truncated); }), Catch::Contains("101 tokens x 2 bytes") &&
+                                                                      Catch::Contains("1024-byte header") &&
+                                                                      Catch::Contains("truncated"));
+
+  const fs::path negative = dir / "negative.bin";
+  write_bytes(negative, llmc_shard(20240520, 1, -5, ids, 2));
+  REQUIRE_THAT(config_error([&] { TokenFile::open(negative); }), Catch::Contains("token count -5"));
+
+  const fs::path stub = dir / "stub.bin";
+  auto stub_bytes = llmc_shard(20240520, 1, 0, {}, 2);
+  stub_bytes.resize(100);
+  write_bytes(stub, stub_bytes);
+  REQUIRE_THAT(config_error([&] { TokenFile::open(stub); }), Catch::Contains("shorter than llm.c's 1024-byte header"));
+
+  const fs::path empty_shard = dir / "empty.bin";
+  write_bytes(empty_shard, llmc_shard(20240520, 1, 0, {}, 2));
+  REQUIRE_THAT(config_error([&] { TokenFile::open(empty_shard); }), Catch::Contains("holds no tokens"));
+
+  const fs::path wide = dir / "wide.bin";
+  write_bytes(wide, llmc_shard(20240801, 7, 3, {1, -1, 2}, 4));  // 0xffffffff: beyond any TokenId
+  REQUIRE_THAT(config_error([&] { TokenFile::open(wide); }), Catch::Contains("token 1 has id 4294967295"));
+
+  // A headerless file is not guessed: tokens: names the raw16 scheme instead.
+  std::vector<unsigned char> raw_bytes;
+  for (TokenId id : ids) put_le(raw_bytes, static_cast<std::uint32_t>(id), 2);
+  const fs::path raw = dir / "val.bin";
+  write_bytes(raw, raw_bytes);
+  REQUIRE_THAT(config_error([&] { TokenFile::open(raw); }),
+               Catch::Contains("bad magic") && Catch::Contains("raw16:" + raw.string()));
+  raw_bytes.push_back(7);
+  write_bytes(raw, raw_bytes);
+  REQUIRE_THAT(config_error([&] { TokenFile::open_raw16(raw); }), Catch::Contains("201 bytes, an odd count"));
+  write_bytes(raw, {});
+  REQUIRE_THAT(config_error([&] { TokenFile::open_raw16(raw); }), Catch::Contains("empty"));
+}
+
+TEST_CASE("token source factory: raw16 and llm.c files against the model's vocabulary", "[data][token_file]") {
+  using zero3::data::make_token_source;
+  using zero3::data::TokenSourceOptions;
+  ScratchDir dir;
+  std::vector<unsigned char> raw_bytes;
+  for (TokenId id : random_ids(3000, 256, 9)) put_le(raw_bytes, static_cast<std::uint32_t>(id), 2);
+  const fs::path raw = dir / "bytes.bin";
+  write_bytes(raw, raw_bytes);
+  const auto source = make_token_source(
+      TokenSourceOptions{.source = "raw16:" + raw.string(), .vocab_size = 256, .heldout_fraction = 0.1});
+  REQUIRE(source->num_samples(Split::train, 10) == (2700 - 1) / 10);
+  REQUIRE_THAT(config_error([&] {
+                 make_token_source(TokenSourceOptions{.source = "raw16:" + raw.string(), .vocab_size = 200});
+               }),
+               Catch::Contains("ids up to 255") && Catch::Contains("zero3.model.vocab_size 200"));
+  REQUIRE_THAT(config_error([] { make_token_source(TokenSourceOptions{.source = "raw16:", .vocab_size = 8}); }),
                Catch::Contains("zero3.data.source"));
 }

@@ -246,7 +246,7 @@ struct ModelSettings {
 };
 
 struct DataSettings {
-  std::string source = "synthetic:markov";  // "synthetic:markov" or "tokens:<file>"
+  std::string source = "synthetic:markov";  // "synthetic:markov", "tokens:<file>" or "raw16:<file>"
   std::int64_t markov_order = 2;
   double heldout_fraction = 0.1;  // in (0, 1)
 };

@@ -40,7 +40,7 @@ class TokenSource {
 
 // The `zero3.data` and related settings a source needs; field names follow config.hpp.
 struct TokenSourceOptions {
-  std::string source = "synthetic:markov";  // zero3.data.source: "synthetic:markov" or "tokens:<file>"
+  std::string source = "synthetic:markov";  // zero3.data.source (docs/data.md)
   std::int64_t vocab_size = 0;              // zero3.model.vocab_size
   std::int64_t markov_order = 2;            // zero3.data.markov_order (synthetic:markov only)
   std::int64_t seed = 42;                   // zero3.seed (synthetic:markov only: the chain and its corpus)
