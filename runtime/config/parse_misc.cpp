@@ -158,7 +158,7 @@ void parse_monitor(ObjectReader& top, Context& cx, std::string_view name, Monito
 
 void parse_monitors(ObjectReader& top, Context& cx) {
   parse_monitor(top, cx, "csv_monitor", cx.config.csv_monitor, true);
-  parse_monitor(top, cx, "tensorboard", cx.config.tensorboard, false);
+  parse_monitor(top, cx, "tensorboard", cx.config.tensorboard, true);
   if (const Json* j = top.get_object("wandb")) {
     ObjectReader r(*j, "wandb", "wandb", cx.sink);
     WandbConfig& w = cx.config.wandb;

@@ -251,6 +251,11 @@ void Trainer::log_interval(std::int64_t done, const StepResult& r, double loss, 
   e.train_loss = sum_over_ranks(*unit_trainer_.bootstrap(), loss) / world;
   e.heldout_loss = heldout_loss();
   if (engine.config().memory_breakdown) e.memory_phases = engine.memory().take_phase_stats();
+  for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    for (std::size_t c = 0; c < kNumMemCategories; ++c) {
+      e.memory_peaks[k][c] = engine.memory().get(static_cast<MemoryKind>(k), static_cast<MemCategory>(c));
+    }
+  }
   e.entropy_floor = data_.entropy_floor();
   summary_.heldout_loss = e.heldout_loss;
   notify([&](TrainObserver& o) { o.on_log(e); });

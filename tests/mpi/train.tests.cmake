@@ -45,3 +45,13 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
                    ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
   set_tests_properties(mpi.train_profile PROPERTIES LABELS "mpi" TIMEOUT 300 PROCESSORS 2)
 endif()
+
+# DeepSpeed's `tensorboard` block (tests/mpi/tensorboard_test.sh): the event file zero3 writes at world size 2
+# read back by a reader written from the format's specification and by the tensorboard package's (when
+# installed), equal to the run's JSONL metrics; an uncreatable output_path is a named error.
+if(TARGET zero3 AND NOT ZERO3_SANITIZE)
+  add_test(NAME mpi.train_tensorboard
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/tensorboard_test.sh $<TARGET_FILE:zero3>
+                   ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
+  set_tests_properties(mpi.train_tensorboard PROPERTIES LABELS "mpi" TIMEOUT 300 PROCESSORS 2)
+endif()

@@ -299,7 +299,6 @@ TEST_CASE("not implemented: reported only when a feature is switched on", "[conf
       {R"("zero_optimization": {"stage": 3, "zenflow": {"topk_ratio": 0.1}})", "zero_optimization.zenflow"},
       {R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "super_offload": true}})",
        "zero_optimization.offload_optimizer.super_offload"},
-      {R"("zero_optimization": {"stage": 3}, "tensorboard": {"enabled": true})", "tensorboard.enabled"},
       {R"("zero_optimization": {"stage": 3}, "wandb": {"enabled": true})", "wandb.enabled"},
       {R"("zero_optimization": {"stage": 3}, "comet": {"enabled": true})", "comet.enabled"},
       {R"("zero_optimization": {"stage": 3}, "comms_logger": {"enabled": true})", "comms_logger.enabled"},

@@ -39,6 +39,7 @@
 #include "zero3/train/memory_report.hpp"
 #include "zero3/train/preemption.hpp"
 #include "zero3/train/sinks.hpp"
+#include "zero3/train/tensorboard.hpp"
 #include "zero3/train/trainer.hpp"
 
 namespace zero3::tools {
@@ -62,7 +63,8 @@ struct TrainOptions {
   std::optional<double> device_memory_gb;  // the device memory per rank the plan must fit in
 };
 
-// The observers of a `zero3 train` run: log line, progress line, JSONL, csv_monitor, the floor check.
+// The observers of a `zero3 train` run: log line, progress line, JSONL, csv_monitor, tensorboard, the floor
+// check.
 void add_observers(train::Trainer& trainer, const TrainOptions& o, const config::Config& cfg, int rank) {
   // Under mpirun a rank's stdout is a pseudo-terminal even when mpirun's output goes to a file: "auto" can
   // be fooled there, and --progress off turns the line off.
@@ -72,6 +74,7 @@ void add_observers(train::Trainer& trainer, const TrainOptions& o, const config:
   trainer.add_observer(std::make_shared<train::LogLine>(rank));
   if (!o.metrics.empty()) trainer.add_observer(std::make_shared<train::JsonlMetrics>(rank, o.metrics));
   trainer.add_observer(std::make_shared<train::CsvMonitor>(rank, cfg.csv_monitor, cfg.fp16.enabled));
+  trainer.add_observer(std::make_shared<train::TensorBoardMonitor>(rank, cfg.tensorboard, cfg.fp16.enabled));
   trainer.add_observer(std::make_shared<train::EntropyFloorCheck>());
 }
 
@@ -170,7 +173,21 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
   train::clear_stop_request();
   const train::StopSignals stop_signals({.rank = world.rank});
   train::Trainer trainer(unit_trainer, data, trainer_options(o, cfg));
-  add_observers(trainer, o, cfg, world.rank);
+  // Rank 0 alone writes the metric files, so a directory it cannot create fails it alone: every rank learns
+  // of it here, before the first collective of the loop, and all stop together instead of waiting for it.
+  std::string observers_error;
+  try {
+    add_observers(trainer, o, cfg, world.rank);
+  } catch (const ConfigError& e) {
+    observers_error = e.what();
+  }
+  const std::vector<std::byte> failed = unit_trainer.bootstrap()->all_gather(
+      std::vector<std::byte>{observers_error.empty() ? std::byte{0} : std::byte{1}});
+  for (std::size_t r = 0; r < failed.size(); ++r) {
+    if (failed[r] == std::byte{0}) continue;
+    throw ConfigError(!observers_error.empty() ? observers_error
+                                               : fmt::format("rank {} could not open its metric outputs", r));
+  }
   trainer.add_observer(last_step);
   if (world.rank == 0) {
     fmt::print("zero3 train: {}: {} params; {} ranks on {}; {}\n", unit_trainer.model().describe(),

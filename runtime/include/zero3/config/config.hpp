@@ -201,7 +201,7 @@ struct DataTypesConfig {
   std::optional<DType> buffer_dtype;
 };
 
-// csv_monitor / tensorboard (same keys). zero3 implements only csv_monitor.
+// csv_monitor / tensorboard (same keys), both implemented (zero3/train/sinks.hpp, tensorboard.hpp).
 struct MonitorConfig {
   bool enabled = false;
   std::string output_path;

@@ -1,6 +1,6 @@
 // The training loop's hooks: a TrainObserver is told about every optimizer step, every log interval,
 // every completed checkpoint save, a resume, and an error that ends the run. Metric sinks (sinks.hpp: the log line,
-// the progress line, JSONL, DeepSpeed's csv_monitor), the entropy-floor check and an embedder's own
+// the progress line, JSONL, DeepSpeed's csv_monitor and tensorboard), the entropy-floor check and an embedder's own
 // reporting are observers. Called on the loop's thread, on every rank; the figures in LogEvent are the
 // same on every rank (averaged over the ranks), those in StepEvent are this rank's. An observer that
 // throws from on_step/on_log/on_save ends the run with that error (on_error is then called).
@@ -41,6 +41,8 @@ struct LogEvent {
   // held-out pass, reductions, optimizer step, checkpoint staging), with the bytes current when it ended and
   // its peak, by kind and category, on this rank.
   std::vector<MemoryTracker::PhaseStats> memory_phases;
+  // Each kind and category's bytes on this rank now and at their peak since the run started.
+  MemoryTracker::Snapshot memory_peaks{};
 };
 
 class TrainObserver {
