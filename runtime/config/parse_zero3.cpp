@@ -14,29 +14,113 @@ void require(ObjectReader& r, std::string_view key, Got got, std::string_view wh
   if (got == Got::absent) r.error(key, fmt::format("required key is missing{}", why));
 }
 
+// The zero3.model keys of a Llama-family model; read for every type so that another type names them.
+constexpr std::string_view kLlamaKeys[] = {"hf_config",    "kv_heads", "head_dim", "intermediate_size",  "rope_theta",
+                                           "rms_norm_eps", "qkv_bias", "o_bias",   "tie_word_embeddings"};
+
+// Reads the llama keys into m over what hf_config gave (`from_hf`: the keys the file set); a key given in
+// both must agree with the file.
+void parse_llama_keys(ObjectReader& r, ModelSettings& m, const HfShape& from_hf) {
+  const auto agree = [&](std::string_view key, auto zero3_value, auto hf_value, bool in_hf) {
+    if (in_hf && zero3_value != hf_value) {
+      r.error(key, fmt::format("{} disagrees with {} in hf_config '{}'", zero3_value, hf_value, m.hf_config));
+    }
+  };
+  std::int64_t v = 0;
+  const auto int_key = [&](std::string_view key, std::int64_t& out, std::int64_t lo) {
+    const std::int64_t from_file = out;
+    if (r.get_int(key, v, IntRange::at_least(lo)) == Got::value) {
+      agree(key, v, from_file, from_hf.has(key));
+      out = v;
+    }
+  };
+  int_key("kv_heads", m.kv_heads, 1);
+  int_key("head_dim", m.head_dim, 2);
+  int_key("intermediate_size", m.intermediate_size, 1);
+  double x = 0;
+  for (auto [key, out] : {std::pair{"rope_theta", &m.rope_theta}, std::pair{"rms_norm_eps", &m.rms_norm_eps}}) {
+    const double from_file = *out;
+    if (r.get_number(key, x, NumRange::above(0.0)) == Got::value) {
+      agree(key, x, from_file, from_hf.has(key));
+      *out = x;
+    }
+  }
+  bool b = false;
+  for (auto [key, out] : {std::pair{"qkv_bias", &m.qkv_bias}, std::pair{"o_bias", &m.o_bias}}) {
+    const bool from_file = *out;
+    if (r.get_bool(key, b) == Got::value) {
+      agree(key, b, from_file, from_hf.has(key));
+      *out = b;
+    }
+  }
+  // false over a tied hf_config unties the embeddings: lm_head gets its own param (init_from copies it).
+  r.get_bool("tie_word_embeddings", m.tie_word_embeddings);
+  if (m.intermediate_size == 0) r.error("intermediate_size", "required key is missing (a llama model needs it)");
+  // Resolved, so that the written-back config names them (and reads back the same).
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  if (m.head_dim == 0 && m.heads > 0 && m.hidden_size % m.heads == 0) m.head_dim = m.hidden_size / m.heads;
+  if (m.tie_word_embeddings) {
+    r.not_implemented("tie_word_embeddings",
+                      "tied input and output embeddings (one param in two engine units) are not implemented");
+  }
+}
+
 void parse_model(ObjectReader& z, Context& cx) {
   const Json* j = z.get_object("model");
   if (j == nullptr) return;
   ObjectReader r(*j, z.path_of("model"), "zero3.model", cx.sink);
   ModelSettings m;
   std::string type = "gpt";
-  r.get_choice("type", type, {"gpt", "mlp"});
-  m.type = type == "mlp" ? ModelType::mlp : ModelType::gpt;
+  r.get_choice("type", type, {"gpt", "mlp", "llama"});
+  m.type = type == "mlp" ? ModelType::mlp : type == "llama" ? ModelType::llama : ModelType::gpt;
+  const bool llama = m.type == ModelType::llama;
+  HfShape from_hf;
+  if (llama && r.get_string("hf_config", m.hf_config) == Got::value) from_hf = read_hf_config(r, m);
+  if (!llama) {
+    for (std::string_view key : kLlamaKeys) {
+      if (r.has(key)) r.error(key, fmt::format("applies to \"type\": \"llama\" only (this model is \"{}\")", type));
+      r.skip(key);
+    }
+  }
+  // The shape: required from the zero3 block unless hf_config gave it; given in both, the two must agree.
+  for (auto [key, out] : {std::pair{"layers", &m.layers}, std::pair{"hidden_size", &m.hidden_size},
+                          std::pair{"vocab_size", &m.vocab_size}}) {
+    const std::int64_t from_file = *out;
+    std::int64_t v = 0;
+    const Got got = r.get_int(key, v, IntRange::at_least(1));
+    if (got == Got::value && from_hf.has(key) && v != from_file) {
+      r.error(key, fmt::format("{} disagrees with {} in hf_config '{}'", v, from_file, m.hf_config));
+    }
+    if (got == Got::value) *out = v;
+    if (got == Got::absent && !from_hf.has(key)) require(r, key, got);
+  }
   const bool gpt = m.type == ModelType::gpt;
-  require(r, "layers", r.get_int("layers", m.layers, IntRange::at_least(1)));
-  require(r, "hidden_size", r.get_int("hidden_size", m.hidden_size, IntRange::at_least(1)));
-  require(r, "vocab_size", r.get_int("vocab_size", m.vocab_size, IntRange::at_least(1)));
-  const Got heads = r.get_int("heads", m.heads, IntRange::at_least(1));
+  const std::int64_t heads_from_file = m.heads;
+  std::int64_t heads_value = 0;
+  const Got heads = r.get_int("heads", heads_value, IntRange::at_least(1));
+  if (heads == Got::value) {
+    if (from_hf.has("heads") && heads_value != heads_from_file) {
+      r.error("heads",
+              fmt::format("{} disagrees with {} in hf_config '{}'", heads_value, heads_from_file, m.hf_config));
+    }
+    m.heads = heads_value;
+  }
   const Got seq = r.get_int("seq_len", m.seq_len, IntRange::at_least(1));
-  if (gpt) {
-    require(r, "heads", heads, " (a gpt model needs it)");
-    require(r, "seq_len", seq, " (a gpt model needs it)");
-    if (heads == Got::value && m.hidden_size > 0 && m.hidden_size % m.heads != 0) {
+  if (gpt || llama) {
+    if (!from_hf.has("heads")) require(r, "heads", heads, fmt::format(" (a {} model needs it)", type));
+    require(r, "seq_len", seq, fmt::format(" (a {} model needs it)", type));
+    if (gpt && heads == Got::value && m.hidden_size > 0 && m.hidden_size % m.heads != 0) {
       r.error("heads", fmt::format("hidden_size ({}) is not divisible by heads ({})", m.hidden_size, m.heads));
     }
   } else {
     if (seq != Got::value) m.seq_len = 1;
     if (heads != Got::value) m.heads = 1;
+  }
+  if (llama) parse_llama_keys(r, m, from_hf);
+  if (from_hf.sliding_window > 0 && m.seq_len > from_hf.sliding_window) {
+    r.error("seq_len", fmt::format("{} exceeds the sliding_window {} of hf_config '{}': sliding-window attention is "
+                                   "not implemented (a context within the window computes the same)",
+                                   m.seq_len, from_hf.sliding_window, m.hf_config));
   }
   r.finish();
   cx.config.zero3.model = m;

@@ -62,7 +62,15 @@ std::string_view to_string(TagValidation v) {
   return "?";
 }
 std::string_view to_string(ModelType v) {
-  return v == ModelType::mlp ? "mlp" : "gpt";
+  switch (v) {
+    case ModelType::mlp:
+      return "mlp";
+    case ModelType::llama:
+      return "llama";
+    case ModelType::gpt:
+      break;
+  }
+  return "gpt";
 }
 std::string_view to_string(CommBackend v) {
   switch (v) {
@@ -273,6 +281,16 @@ Json zero3_json(const Zero3Settings& s) {
     m["heads"] = s.model->heads;
     m["vocab_size"] = s.model->vocab_size;
     m["seq_len"] = s.model->seq_len;
+    if (s.model->type == ModelType::llama) {
+      m["kv_heads"] = s.model->kv_heads;
+      m["head_dim"] = s.model->head_dim;
+      m["intermediate_size"] = s.model->intermediate_size;
+      m["rope_theta"] = s.model->rope_theta;
+      m["rms_norm_eps"] = s.model->rms_norm_eps;
+      m["qkv_bias"] = s.model->qkv_bias;
+      m["o_bias"] = s.model->o_bias;
+      m["tie_word_embeddings"] = s.model->tie_word_embeddings;
+    }
     j["model"] = std::move(m);
   }
   j["data"] = {

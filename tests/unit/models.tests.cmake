@@ -9,6 +9,9 @@ if(TARGET zero3_models)
   # The vectorized tanh of the host models against tanh in double; reads the private vector_math.hpp.
   zero3_unit_test(vector_math SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vector_math.cpp LIBS zero3_models)
   target_include_directories(test_vector_math PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
+  # The host Llama-family decoder: finite differences for every param, float vs double, causality.
+  zero3_unit_test(llama SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama.cpp LIBS zero3_models fmt::fmt)
+  target_include_directories(test_llama PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
   zero3_unit_test(mlp SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_mlp.cpp LIBS zero3_models zero3_data fmt::fmt)
   # The models' planned activations (the memory plan's activations category) against what they hold.
   zero3_unit_test(activation_plan SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_activation_plan.cpp LIBS zero3_models

@@ -20,7 +20,7 @@ enum class OptimizerType : std::uint8_t { adam, adamw, lion, adagrad };
 enum class SchedulerType : std::uint8_t { warmup_lr, warmup_decay_lr, warmup_cosine_lr, one_cycle, lr_range_test };
 enum class WarmupType : std::uint8_t { log, linear };
 enum class TagValidation : std::uint8_t { ignore, warn, fail };
-enum class ModelType : std::uint8_t { gpt, mlp };
+enum class ModelType : std::uint8_t { gpt, mlp, llama };
 enum class CommBackend : std::uint8_t { automatic, mpi, nccl };
 enum class DeviceChoice : std::uint8_t { automatic, host, cuda };
 enum class NonfinitePolicy : std::uint8_t { skip, abort };
@@ -241,8 +241,18 @@ struct ModelSettings {
   std::int64_t layers = 0;
   std::int64_t hidden_size = 0;
   std::int64_t heads = 0;       // gpt: hidden_size % heads == 0
-  std::int64_t vocab_size = 0;  // gpt: tokens; mlp: input and output width
-  std::int64_t seq_len = 0;     // gpt: context length; mlp: 1 when absent
+  std::int64_t vocab_size = 0;  // gpt, llama: tokens; mlp: input and output width
+  std::int64_t seq_len = 0;     // gpt, llama: context length; mlp: 1 when absent
+  // llama only (zero3/models/llama.hpp), from the zero3 block or a Hugging Face config.json (hf_config).
+  std::int64_t kv_heads = 0;           // 0: heads
+  std::int64_t head_dim = 0;           // 0: hidden_size / heads
+  std::int64_t intermediate_size = 0;  // the SwiGLU MLP's inner width
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  bool qkv_bias = false;  // q/k/v projections carry biases (Qwen2, attention_bias)
+  bool o_bias = false;    // o_proj carries a bias (attention_bias)
+  bool tie_word_embeddings = false;
+  std::string hf_config;  // the config.json the shape was read from, "" when none
 };
 
 struct DataSettings {

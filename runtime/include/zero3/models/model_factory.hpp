@@ -1,6 +1,7 @@
 // The model a config's "zero3.model" block names, built for the engine's device: the GPT on the host
-// (OpenBLAS) or on CUDA (cuBLAS + kernels), the MLP on the host. Library zero3_model_factory (links the
-// CUDA GPT's library, a stub without nvcc); a trainer that brings its own UnitModel does not need it.
+// (OpenBLAS) or on CUDA (cuBLAS + kernels), the Llama-family decoder and the MLP on the host. Library
+// zero3_model_factory (links the CUDA GPT's library, a stub without nvcc); a trainer that brings its own UnitModel does
+// not need it.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,8 @@ std::unique_ptr<UnitModel> make_train_model(const config::ModelSettings& model, 
 void validate_train_model(const config::ModelSettings& model);
 // Elements of all params.
 std::size_t train_model_params(const config::ModelSettings& model);
-// Tokens of each window (of seq_len inputs) the model predicts: the GPT every position, the MLP the last.
+// Tokens of each window (of seq_len inputs) the model predicts: the GPT and Llama every position, the MLP the
+// last.
 std::int64_t predictions_per_window(const config::ModelSettings& model);
 
 }  // namespace zero3::models

@@ -1,0 +1,164 @@
+// A Llama-family decoder (Llama 2/3, TinyLlama, Mistral without sliding windows, Qwen2) computed on the
+// host, for `zero3 train`: RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention, no
+// biases (or q/k/v biases as Qwen2 has, or every attention projection's as Llama's attention_bias), one
+// engine unit per decoder layer. Params carry Hugging Face's names (model.layers.3.self_attn.q_proj.weight),
+// so a safetensors checkpoint maps onto the units by name. Same calling contract as GptModel (gpt.hpp):
+// set_batch, forward_unit in order, loss, backward_unit in reverse; the model owns activations only.
+//
+//   zero3::models::LlamaConfig c{.vocab_size = 256, .seq_len = 128, .layers = 4, .hidden = 128,
+//                                .heads = 4, .kv_heads = 2, .intermediate = 352};
+//   auto model = zero3::models::make_host_llama(c);   // a UnitModel for the engine's host device
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zero3/core/dtype.hpp"
+#include "zero3/engine/engine.hpp"
+#include "zero3/models/unit_model.hpp"
+
+namespace zero3::models {
+
+struct LlamaConfig {
+  int vocab_size = 0;
+  int seq_len = 0;  // context length of the training windows (the rotary table's positions)
+  int layers = 0;
+  int hidden = 0;        // hidden_size
+  int heads = 0;         // num_attention_heads
+  int kv_heads = 0;      // num_key_value_heads; 0: heads. Must divide heads.
+  int head_dim = 0;      // 0: hidden / heads
+  int intermediate = 0;  // intermediate_size of the SwiGLU MLP
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  bool qkv_bias = false;  // q, k and v projections carry biases (Qwen2; Llama's attention_bias)
+  bool o_bias = false;    // o_proj carries a bias (Llama's attention_bias)
+  bool tie_word_embeddings = false;
+
+  int kv() const { return kv_heads == 0 ? heads : kv_heads; }
+  int dim() const { return head_dim == 0 ? hidden / heads : head_dim; }
+};
+
+// ConfigError naming the field (zero3.model.<name>) for a config no model can be built from: a
+// non-positive size, heads not a multiple of kv_heads, an odd head_dim, hidden not a multiple of heads
+// without head_dim, tie_word_embeddings (not implemented: a param would belong to two units).
+void validate(const LlamaConfig& config);
+
+// Units in forward order, params in the order LlamaModel takes them; weights [out, in] as nn.Linear:
+//   "embed":     model.embed_tokens.weight [vocab, hidden]
+//   "layers.i":  model.layers.i.input_layernorm.weight [hidden], .self_attn.q_proj.weight [heads dim, hidden],
+//                .self_attn.k_proj.weight and .v_proj.weight [kv_heads dim, hidden], .self_attn.o_proj.weight
+//                [hidden, heads dim], .post_attention_layernorm.weight [hidden], .mlp.gate_proj.weight and
+//                .mlp.up_proj.weight [intermediate, hidden], .mlp.down_proj.weight [hidden, intermediate];
+//                then, when configured, q_proj.bias, k_proj.bias, v_proj.bias (qkv_bias) and o_proj.bias.
+//   "head":      model.norm.weight [hidden], lm_head.weight [vocab, hidden]
+// Matrices and the embedding start normal(0, 0.02) as transformers initializes them, norms at one, biases at
+// zero; norms and biases take no weight decay.
+std::vector<UnitSpec> llama_units(const LlamaConfig& config);
+std::size_t llama_num_params(const LlamaConfig& config);
+
+template <typename T>
+class LlamaModel {
+ public:
+  using Pass = models::Pass;
+
+  explicit LlamaModel(const LlamaConfig& config);
+
+  const LlamaConfig& config() const { return config_; }
+  std::size_t num_units() const { return static_cast<std::size_t>(config_.layers) + 2; }
+
+  void set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch, int len,
+                 Pass pass = Pass::train);
+  void forward_unit(std::size_t unit, std::span<const T* const> params, std::span<const bf16_t* const> params16 = {});
+  // Param k of `unit` is a projection matrix whose products may run in bf16.
+  bool bf16_operand(std::size_t unit, std::size_t k) const;
+  T loss() const { return loss_; }
+  std::span<const T> logits() const { return logits_; }
+  std::span<const T> position_losses() const { return position_loss_; }
+  void backward_unit(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads, T seed_scale,
+                     std::span<const bf16_t* const> params16 = {});
+
+  std::size_t activation_bytes() const;
+  std::size_t planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products) const;
+
+ private:
+  struct LayerActs {
+    std::vector<T> norm1;   // [rows, hidden] input_layernorm output
+    std::vector<T> inv1;    // [rows] its 1/rms
+    std::vector<T> qkv;     // [rows, 3 heads dim] rotated q, k, v per query head
+    std::vector<T> prob;    // [batch, heads, len, len]
+    std::vector<T> att;     // [rows, heads dim]
+    std::vector<T> res1;    // [rows, hidden] residual stream after attention
+    std::vector<T> norm2;   // [rows, hidden]
+    std::vector<T> inv2;    // [rows]
+    std::vector<T> gate;    // [rows, intermediate] before SiLU
+    std::vector<T> up;      // [rows, intermediate]
+    std::vector<T> swiglu;  // [rows, intermediate] silu(gate) * up
+  };
+
+  std::size_t unit_params(std::size_t unit) const;
+  void check_unit_params(const char* what, std::size_t unit, std::size_t count) const;
+  void take_params16(const char* what, std::size_t unit, std::span<const T* const> params,
+                     std::span<const bf16_t* const> params16);
+  void linear_fwd(std::span<const T* const> p, std::size_t k, const T* bias, const T* x, T* y, std::size_t rows,
+                  std::size_t in, std::size_t out);
+  void linear_bwd(std::span<const T* const> p, std::size_t k, const T* x, const T* dy, T* dx, bool accumulate_dx, T* dw,
+                  T* dbias, std::size_t rows, std::size_t in, std::size_t out);
+  const T* param_or_null(std::span<const T* const> p, int k) const;
+  T* grad_or_null(std::span<T* const> g, int k) const;
+  void forward_layer(LayerActs& a, std::span<const T* const> p, const T* in, T* out);
+  void forward_head(std::span<const T* const> p, const T* in);
+  void backward_layer(std::size_t unit, std::span<const T* const> p, std::span<T* const> g);
+  void backward_head(std::span<const T* const> p, std::span<T* const> g, T seed_scale);
+  void backward_embed(std::span<T* const> g);
+
+  LlamaConfig config_;
+  int q_bias_ = -1;  // param positions of the optional biases in a layer unit, -1 when absent
+  int k_bias_ = -1;
+  int v_bias_ = -1;
+  int o_bias_ = -1;
+  Pass pass_ = Pass::train;
+  int batch_ = 0;
+  int len_ = 0;
+  std::vector<std::int32_t> tokens_;
+  std::vector<std::int32_t> targets_;
+  std::size_t next_forward_ = 0;
+  std::size_t next_backward_ = 0;
+  std::vector<T> rope_cos_;  // [len, dim / 2]
+  std::vector<T> rope_sin_;
+
+  std::vector<std::vector<T>> residual_;  // as GptModel: train keeps each unit's input, eval alternates two
+  std::vector<LayerActs> layers_;
+  std::vector<T> normf_;
+  std::vector<T> invf_;
+  std::vector<T> logits_;
+  std::vector<T> position_loss_;
+  T loss_ = 0;
+
+  std::vector<T> q_;  // [rows, heads dim] projections before rotation (forward), their gradients (backward)
+  std::vector<T> k_;  // [rows, kv_heads dim]
+  std::vector<T> v_;
+  std::vector<T> dresidual_;
+  std::vector<T> dnarrow_;  // [rows, max(hidden, heads dim)]
+  std::vector<T> dgate_;    // [rows, intermediate]
+  std::vector<T> dup_;
+  std::vector<T> dqkv_;
+  std::vector<T> dprob_;
+
+  std::vector<const bf16_t*> w16_;
+  std::vector<bf16_t> round_x_;
+  std::vector<bf16_t> round_dy_;
+};
+
+extern template class LlamaModel<float>;
+extern template class LlamaModel<double>;
+
+// LlamaModel<float> behind UnitModel for the engine's host device (the same adapter as the GPT's).
+std::unique_ptr<UnitModel> make_host_llama(const LlamaConfig& config);
+// "Llama 4 layers, hidden 128, 4 heads (2 kv), intermediate 352, vocab 256, context 128"
+std::string describe(const LlamaConfig& config);
+
+}  // namespace zero3::models
