@@ -93,7 +93,9 @@ void write_tensors(const CheckpointReader& reader, const std::vector<Tensor>& te
 
 }  // namespace
 
-void export_safetensors(const CheckpointReader& reader, const fs::path& out, DType dtype) {
+namespace {
+
+std::vector<Tensor> exported_tensors(const CheckpointReader& reader) {
   const Manifest& m = reader.manifest();
   std::vector<Tensor> tensors;
   tensors.reserve(m.params.size());
@@ -104,8 +106,12 @@ void export_safetensors(const CheckpointReader& reader, const fs::path& out, DTy
     }
     tensors.push_back({&p, reader.has(p.name, "master") ? "master" : "param", p.numel()});
   }
-  const std::string header = header_text(m, tensors, dtype);
+  return tensors;
+}
 
+// One safetensors file of `tensors`, through a temporary renamed into place.
+void write_file(const CheckpointReader& reader, const std::vector<Tensor>& tensors, const fs::path& out, DType dtype) {
+  const std::string header = header_text(reader.manifest(), tensors, dtype);
   fs::path tmp = out;
   tmp += ".tmp";
   try {
@@ -125,7 +131,54 @@ void export_safetensors(const CheckpointReader& reader, const fs::path& out, DTy
     fs::remove(tmp, ignored);
     throw;
   }
+}
+
+}  // namespace
+
+void export_safetensors(const CheckpointReader& reader, const fs::path& out, DType dtype) {
+  write_file(reader, exported_tensors(reader), out, dtype);
   detail::fsync_dir(out.has_parent_path() ? out.parent_path() : fs::path("."));
+}
+
+std::vector<fs::path> export_safetensors_shards(const CheckpointReader& reader, const fs::path& dir, DType dtype,
+                                                std::uint64_t max_shard_bytes) {
+  const std::vector<Tensor> tensors = exported_tensors(reader);
+  // Shards in the manifest's order, each closed before it would pass the limit (a larger tensor alone).
+  std::vector<std::vector<Tensor>> shards(1);
+  std::uint64_t bytes = 0;
+  std::uint64_t total = 0;
+  for (const Tensor& t : tensors) {
+    const std::uint64_t b = t.numel * size_of(dtype);
+    if (!shards.back().empty() && bytes + b > max_shard_bytes) {
+      shards.emplace_back();
+      bytes = 0;
+    }
+    shards.back().push_back(t);
+    bytes += b;
+    total += b;
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CheckpointError(fmt::format("{}: cannot create the directory: {}", dir.string(), ec.message()));
+  std::vector<fs::path> files;
+  if (shards.size() == 1) {
+    files.push_back(dir / "model.safetensors");
+    write_file(reader, shards[0], files.back(), dtype);
+  } else {
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+      files.push_back(dir / name);
+      write_file(reader, shards[i], files.back(), dtype);
+      for (const Tensor& t : shards[i]) weight_map[t.param->name] = name;
+    }
+    const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    detail::write_file_atomic(dir / "model.safetensors.index.json", dir / "model.safetensors.index.json.tmp",
+                              index.dump(2) + "\n", false);
+    files.push_back(dir / "model.safetensors.index.json");
+  }
+  detail::fsync_dir(dir);
+  return files;
 }
 
 }  // namespace zero3::ckpt

@@ -568,6 +568,8 @@ constexpr KeySpec kKeys[] = {
     {"zero3.model", "o_bias", "bool", "false", S::implemented, A::rejected, "llama: an o_proj bias"},
     {"zero3.model", "tie_word_embeddings", "bool", "false", S::not_implemented, A::rejected,
      "llama; true: not implemented; false over a tied hf_config unties them"},
+    {"zero3.model", "init_from", "string", "absent", S::implemented, A::rejected,
+     "a safetensors file or directory: the initial weights, by param name"},
     {"zero3.data", "source", "\"synthetic:markov\" | \"tokens:FILE\" | \"raw16:FILE\"", "\"synthetic:markov\"",
      S::implemented, A::rejected, "tokens: reads zero3 and llm.c token files; raw16: headerless uint16 ids"},
     {"zero3.data", "markov_order", "int > 0", "2", S::implemented, A::rejected, "synthetic:markov only"},

@@ -281,6 +281,7 @@ Json zero3_json(const Zero3Settings& s) {
     m["heads"] = s.model->heads;
     m["vocab_size"] = s.model->vocab_size;
     m["seq_len"] = s.model->seq_len;
+    if (!s.model->init_from.empty()) m["init_from"] = s.model->init_from;
     if (s.model->type == ModelType::llama) {
       m["kv_heads"] = s.model->kv_heads;
       m["head_dim"] = s.model->head_dim;

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "zero3/core/error.hpp"
+#include "zero3/core/log.hpp"
 #include "zero3/core/trace.hpp"
+#include "zero3/train/init_from.hpp"
 #include "zero3/train/unit_walk.hpp"
 
 namespace zero3::train {
@@ -57,7 +59,12 @@ UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
   engine_ = std::make_unique<Engine>(config, world, std::move(resources));
   model_ = make_model(engine_->device());
   check_memory(config, world, check);
-  for (const UnitSpec& u : model_->units()) engine_->add_unit(u);
+  std::vector<UnitSpec> units = model_->units();
+  if (config.zero3.model && !config.zero3.model->init_from.empty()) {
+    const std::string read = init_from_checkpoint(units, config.zero3.model->init_from);
+    if (world.rank == 0) log::info("{}", read);
+  }
+  for (const UnitSpec& u : units) engine_->add_unit(u);
   engine_->finalize();
 }
 

@@ -13,3 +13,7 @@ if(TARGET zero3)
                    $<TARGET_FILE:make_test_checkpoint>)
   set_tests_properties(unit.ckpt_export_safetensors PROPERTIES LABELS "unit" TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
+
+# The safetensors reader (zero3/ckpt/safetensors.hpp) over files written byte by byte here: dtypes read back,
+# ranged reads, sharded checkpoints with an index, and every malformed header named by file and tensor.
+zero3_unit_test(safetensors_reader SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_safetensors_reader.cpp LIBS zero3_ckpt)

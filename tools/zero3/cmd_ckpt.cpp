@@ -1,6 +1,7 @@
 // `zero3 ckpt info DIR [--tag T] [--json]`: what a checkpoint holds (tag, step, world size, params and
 // elements, bytes per tensor kind, files), after verifying every file and chunk checksum.
-// `zero3 ckpt export DIR --out FILE [--dtype fp32|bf16] [--tag T]`: the model's weights as safetensors.
+// `zero3 ckpt export DIR --out FILE [--dtype fp32|bf16] [--tag T]`: the model's weights as safetensors;
+// with `--format hf`, OUT is a Hugging Face model directory (hf_export.hpp).
 // DIR is a checkpoint directory or a root (then --tag, else ROOT/latest). Exit 0: done; 2: not a checkpoint,
 // or a file missing, truncated or corrupt ("error: <file>: <what>" on stderr).
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "hf_export.hpp"
 #include "zero3/ckpt/checkpoint.hpp"
 #include "zero3/core/error.hpp"
 
@@ -32,6 +34,8 @@ struct ExportArgs {
   std::string tag;
   std::string out;
   std::string dtype = "fp32";
+  std::string format = "safetensors";
+  std::string max_shard_size = "5GB";
 };
 
 struct Totals {
@@ -114,6 +118,17 @@ void run_export(const ExportArgs& args) {
   const DType dtype = args.dtype == "bf16" ? DType::bf16 : DType::f32;
   reporting_checkpoint_errors([&] {
     const ckpt::CheckpointReader reader(args.dir, args.tag);
+    if (args.format == "hf") {
+      try {
+        const auto files = export_hf(reader, args.out, dtype, parse_size(args.max_shard_size));
+        std::cout << fmt::format("{}: wrote {} ({} tensors in {} file(s), config.json, {})\n", reader.dir().string(),
+                                 args.out, reader.manifest().params.size(), files.size() - 1, dtype_name(dtype));
+      } catch (const ConfigError& e) {
+        std::cerr << "error: " << e.what() << '\n';
+        throw CLI::RuntimeError(kExitBadCheckpoint);
+      }
+      return;
+    }
     ckpt::export_safetensors(reader, args.out, dtype);
     std::cout << fmt::format("{}: wrote {} ({} tensors, {} bytes, {})\n", reader.dir().string(), args.out,
                              reader.manifest().params.size(), std::filesystem::file_size(args.out), dtype_name(dtype));
@@ -138,7 +153,14 @@ void add_ckpt_command(CLI::App& app) {
   CLI::App* exp = ckpt->add_subcommand(
       "export", "Write the model's weights (fp32 master where present, else the param) as a safetensors file");
   exp->add_option("dir", export_args->dir, "Checkpoint directory, or a root holding `latest`")->required();
-  exp->add_option("--out", export_args->out, "The safetensors file to write")->required();
+  exp->add_option("--out", export_args->out, "The safetensors file to write (--format hf: the directory)")->required();
+  exp->add_option("--format", export_args->format,
+                  "safetensors: one file of the weights; hf: a transformers model directory (llama models)")
+      ->check(CLI::IsMember({"safetensors", "hf"}))
+      ->capture_default_str();
+  exp->add_option("--max-shard-size", export_args->max_shard_size,
+                  "--format hf: shard the weights above this size (5GB, 500MB, 2GiB)")
+      ->capture_default_str();
   exp->add_option("--dtype", export_args->dtype, "Element type of the exported tensors")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();

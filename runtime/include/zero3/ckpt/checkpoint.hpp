@@ -177,5 +177,12 @@ class CheckpointReader {
 // manifest's param order. Peak memory is bounded by kChunkBytes-sized buffers, whatever the model size.
 // Writes OUT through a temporary file renamed into place.
 void export_safetensors(const CheckpointReader& reader, const std::filesystem::path& out, DType dtype);
+// The same as Hugging Face lays a checkpoint out in a directory: DIR/model.safetensors when the data fits
+// in max_shard_bytes, else DIR/model-0000i-of-0000N.safetensors, each below the limit (a larger tensor
+// alone), in the manifest's order, and DIR/model.safetensors.index.json (metadata.total_size, weight_map).
+// Returns the files written.
+std::vector<std::filesystem::path> export_safetensors_shards(const CheckpointReader& reader,
+                                                             const std::filesystem::path& dir, DType dtype,
+                                                             std::uint64_t max_shard_bytes);
 
 }  // namespace zero3::ckpt

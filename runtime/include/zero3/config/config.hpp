@@ -253,6 +253,8 @@ struct ModelSettings {
   bool o_bias = false;    // o_proj carries a bias (attention_bias)
   bool tie_word_embeddings = false;
   std::string hf_config;  // the config.json the shape was read from, "" when none
+  // Initial weights from a safetensors checkpoint (a file or a directory), "" for the params' own init.
+  std::string init_from;
 };
 
 struct DataSettings {
