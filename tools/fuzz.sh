@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (tests/fuzz) in build-fuzz with clang and runs each for SECONDS (default 60)
-# over a temporary copy of its corpus, so the repository is never modified. Exits non-zero on any crash,
+# Builds the libFuzzer targets (tests/fuzz: the config, manifest, safetensors and token-file readers) in
+# build-fuzz with clang and runs each for SECONDS (default 60) over a temporary copy of its corpus, so the
+# repository is never modified. Exits non-zero on any crash,
 # leak, timeout or out-of-memory and prints the reproducer's path. Usage: tools/fuzz.sh [SECONDS_PER_TARGET]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,7 @@ launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DZERO3_FUZZ=ON -DZERO3_ENABLE_CUDA=OFF -DZERO3_BUILD_TESTS=OFF "${launcher[@]}" >/dev/null
-cmake --build build-fuzz --target fuzz_config fuzz_manifest
+cmake --build build-fuzz --target fuzz_config fuzz_manifest fuzz_safetensors fuzz_token_file
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/zero3-fuzz.XXXXXX")
 echo "fuzz: working in $work (kept when a target fails)"
@@ -33,6 +34,8 @@ run_target() {  # name corpus-dir [extra libFuzzer flags...]
 }
 run_target fuzz_config tests/fuzz/corpus/config -dict=tests/fuzz/config.dict
 run_target fuzz_manifest tests/fuzz/corpus/manifest
+run_target fuzz_safetensors tests/fuzz/corpus/safetensors
+run_target fuzz_token_file tests/fuzz/corpus/token_file
 if [ "$failed" -ne 0 ]; then
   echo "fuzz: FAILED (logs and reproducers under $work)"
   exit 1
