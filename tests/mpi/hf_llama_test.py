@@ -13,7 +13,10 @@ the format's description) with random weights, and a token file, then checks:
   3. after 4 training steps, the exported model's loss on the held-out windows, by the numpy reference and
      by transformers when installed (else said skipped), equals zero3's final held-out loss within 1e-4;
   4. bad input: a tensor missing, one of the wrong shape and one the model lacks are errors naming the
-     file and the tensor.
+     file and the tensor;
+  5. ranged loading: initializing a ~100 MB model from its checkpoint raises each rank's peak resident
+     memory, over the same job initialized at random, by less than a quarter of the checkpoint's size
+     (DeepSpeed's ranks each load the whole file first).
 Exit 77 (skipped) without numpy.
 """
 import json
@@ -310,12 +313,57 @@ def check_bad_checkpoints(tmp, model_dir, tokens):
             fail(f"bad checkpoint '{name}': exit {r.returncode}, expected an error with {expected!r}: {r.stdout[-600:]}")
 
 
+# Runs one rank and prints its peak resident set (Python's getrusage over the child), so that every rank's
+# peak is known without a `time` program.
+RSS_WRAPPER = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+               "print('maxrss_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True); sys.exit(code)")
+
+
+def peak_rss_kb(tmp, name, config):
+    job = os.path.join(tmp, name + ".json")
+    json.dump(config, open(job, "w"))
+    cmd = MPIEXEC + ["-np", "2", sys.executable, "-c", RSS_WRAPPER, ZERO3, "train", "--config", job, "--steps", "1",
+                     "--heldout-samples", "1", "--progress", "off", "--run-dir", os.path.join(tmp, name + "_run")]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peaks = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("maxrss_kb")]
+    if r.returncode != 0 or len(peaks) != 2:
+        fail(f"memory run {name} exited {r.returncode}: {r.stdout[-1500:]}")
+        return None
+    return max(peaks)
+
+
+def check_ranged_loading(tmp):
+    c = hf_config(False)
+    c.update({"vocab_size": 8192, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 2,
+              "num_attention_heads": 12, "num_key_value_heads": 4})
+    model_dir = os.path.join(tmp, "big_hf")
+    os.makedirs(model_dir)
+    json.dump(c, open(os.path.join(model_dir, "config.json"), "w"))
+    write_safetensors(os.path.join(model_dir, "model.safetensors"), random_weights(c, 5, False))
+    size = os.path.getsize(os.path.join(model_dir, "model.safetensors"))
+    tokens = os.path.join(tmp, "big.tok")
+    write_tokens(tokens, np.random.default_rng(3).integers(0, c["vocab_size"], 2000).tolist(), c["vocab_size"])
+    config = job_config(model_dir, tokens, 0.0, 1)
+    with_init = peak_rss_kb(tmp, "rss_init_from", config)
+    del config["zero3"]["model"]["init_from"]
+    without = peak_rss_kb(tmp, "rss_random", config)
+    if with_init is None or without is None:
+        return
+    extra = (with_init - without) * 1024
+    print(f"ranged loading: checkpoint {size / 2**20:.1f} MiB; peak RSS per rank {with_init / 1024:.1f} MiB with "
+          f"init_from, {without / 1024:.1f} MiB initialized at random: {extra / 2**20:+.1f} MiB for the import")
+    if extra > size / 4:
+        fail(f"init_from raised a rank's peak memory by {extra / 2**20:.1f} MiB, over a quarter of the "
+             f"{size / 2**20:.1f} MiB checkpoint")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         result = check_model(tmp, qwen2=False)
         check_model(tmp, qwen2=True)
         if result:
             check_bad_checkpoints(tmp, *result)
+        check_ranged_loading(tmp)
     if failures:
         print(f"hf_llama_test: {len(failures)} failure(s)")
         return 1
