@@ -12,8 +12,8 @@ downloaded. Files are read in sorted path order, so the same inputs always give 
 
 --baselines prints what `xz -9` and `gzip -9` achieve on the held-out bytes of a byte-level file (the last
 floor(heldout_fraction x count) tokens, the split `zero3 train` holds out with the same
-zero3.data.heldout_fraction), in bits per byte: a yardstick for the held-out loss in bits per byte
-(nats / ln 2 for byte-level tokens).
+zero3.data.heldout_fraction; with --baseline-bytes N its first N bytes, those the model is evaluated on), in
+bits per byte: a yardstick for the held-out loss in bits per byte (nats / ln 2 for byte-level tokens).
 
 Exit status 1 with a message naming the file on bad input.
 """
@@ -132,6 +132,9 @@ def main():
     ap.add_argument("--max-bytes", type=int, help="stop adding files once this many input bytes are read")
     ap.add_argument("--heldout-fraction", type=float, default=0.1, help="as zero3.data.heldout_fraction")
     ap.add_argument("--baselines", action="store_true", help="print xz -9 and gzip -9 bits per held-out byte")
+    ap.add_argument("--baseline-bytes", type=int,
+                    help="compress only the held-out split's first N bytes: those the model is evaluated on, "
+                         "heldout_samples x seq_len + 1 (default: the whole split)")
     args = ap.parse_args()
 
     inputs = list(args.inputs)
@@ -167,8 +170,11 @@ def main():
             raise SystemExit("prepare_text: --baselines compares bytes: use it with byte-level files")
         if heldout == 0:
             raise SystemExit("prepare_text: --baselines: the held-out split is empty")
-        for name, bpb in baselines(ids[len(ids) - heldout :]).items():
-            print(f"held-out {name:8s} {bpb:.4f} bits/byte")
+        tail = ids[len(ids) - heldout :]
+        if args.baseline_bytes is not None:
+            tail = tail[: args.baseline_bytes]
+        for name, bpb in baselines(tail).items():
+            print(f"held-out {name:8s} {bpb:.4f} bits/byte over {len(tail)} bytes")
 
 
 if __name__ == "__main__":
