@@ -182,7 +182,10 @@ def transformers_loss(path, windows):
     except ImportError:
         print("hf_llama_test: SKIPPED the transformers check (torch or transformers is not installed)")
         return None
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # transformers >= 4.56
+    except TypeError:
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():
