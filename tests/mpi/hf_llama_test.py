@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """A Llama model in and out of the Hugging Face layout, end to end at world size 2 (fp32, host backend).
 
-usage: hf_llama_test.py ZERO3 MPIEXEC [MPIEXEC_FLAGS...]
+usage: hf_llama_test.py ZERO3 LLAMA_LOGITS MPIEXEC [MPIEXEC_FLAGS...]
 
 The test writes a tiny Llama (grouped-query attention) and a Qwen2-shaped one (q/k/v biases) the way
 transformers lays them out (config.json and model.safetensors, the safetensors bytes assembled here from
 the format's description) with random weights, and a token file, then checks:
-  1. import: `zero3 train` with init_from and hf_config and lr 0 reports a held-out loss equal to a float64
-     numpy reference forward of the same weights over the same held-out windows (within 1e-5 relative);
+  1. import: the host Llama's fp32 logits (tests/unit/llama_logits.cpp: zero3's config path and safetensors
+     reader, no engine) equal a float64 numpy reference forward of the same weights (max |difference| within
+     1e-5 of the largest logit), and `zero3 train` with init_from and hf_config at lr 0 reports a held-out loss
+     equal to the reference's over the same held-out windows (within 1e-5 relative);
   2. export: `zero3 ckpt export --format hf` of that run gives back every tensor byte for byte and a
      config.json with the same shape; a small --max-shard-size gives shards and an index;
   3. after 4 training steps, the exported model's loss on the held-out windows, by the numpy reference and
@@ -33,7 +35,7 @@ except ImportError:
     print("hf_llama_test: SKIPPED (numpy is not installed)")
     sys.exit(77)
 
-ZERO3, MPIEXEC = sys.argv[1], sys.argv[2:]
+ZERO3, LLAMA_LOGITS, MPIEXEC = sys.argv[1], sys.argv[2], sys.argv[3:]
 CONTEXT, HELDOUT_SAMPLES, HELDOUT_FRACTION = 16, 8, 0.25
 failures = []
 
@@ -138,36 +140,42 @@ def rope(x, theta):  # x [len, heads, hd]; transformers' rotate-half pairing
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def reference_loss(w, c, windows):
-    """Mean cross-entropy over every predicted token of the windows, float64, written from the Llama paper
-    and transformers' modeling_llama description (RMSNorm, rotary, GQA, SwiGLU), not from zero3's code."""
+def reference_logits(w, c, tokens):
+    """Logits [len, vocab] in float64, written from the Llama paper and transformers' modeling_llama
+    description (RMSNorm, rotary, GQA, SwiGLU), not from zero3's code."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     heads, kvh = c["num_attention_heads"], c["num_key_value_heads"]
     hd = c["hidden_size"] // heads
     eps, theta = c["rms_norm_eps"], c["rope_theta"]
+    n = len(tokens)
+    x = w["model.embed_tokens.weight"][np.asarray(tokens)]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        proj = lambda name: h @ w[p + f"self_attn.{name}.weight"].T + w.get(p + f"self_attn.{name}.bias", 0.0)
+        q = rope(proj("q_proj").reshape(n, heads, hd), theta)
+        k = rope(proj("k_proj").reshape(n, kvh, hd), theta)
+        v = proj("v_proj").reshape(n, kvh, hd)
+        k, v = np.repeat(k, heads // kvh, axis=1), np.repeat(v, heads // kvh, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)
+        scores = np.where(np.tril(np.ones((n, n), bool))[None], scores, -np.inf)
+        prob = np.exp(scores - scores.max(-1, keepdims=True))
+        prob /= prob.sum(-1, keepdims=True)
+        att = np.einsum("hqk,khd->qhd", prob, v).reshape(n, heads * hd)
+        x = x + att @ w[p + "self_attn.o_proj.weight"].T
+        h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+    return rmsnorm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+
+
+def reference_loss(w, c, windows):
+    """Mean cross-entropy over every predicted token of the windows, from reference_logits."""
     total, count = 0.0, 0
     for win in windows:
-        tokens, targets = np.asarray(win[:-1]), np.asarray(win[1:])
-        n = len(tokens)
-        x = w["model.embed_tokens.weight"][tokens]
-        for i in range(c["num_hidden_layers"]):
-            p = f"model.layers.{i}."
-            h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
-            proj = lambda name: h @ w[p + f"self_attn.{name}.weight"].T + w.get(p + f"self_attn.{name}.bias", 0.0)
-            q = rope(proj("q_proj").reshape(n, heads, hd), theta)
-            k = rope(proj("k_proj").reshape(n, kvh, hd), theta)
-            v = proj("v_proj").reshape(n, kvh, hd)
-            k, v = np.repeat(k, heads // kvh, axis=1), np.repeat(v, heads // kvh, axis=1)
-            scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)
-            scores = np.where(np.tril(np.ones((n, n), bool))[None], scores, -np.inf)
-            prob = np.exp(scores - scores.max(-1, keepdims=True))
-            prob /= prob.sum(-1, keepdims=True)
-            att = np.einsum("hqk,khd->qhd", prob, v).reshape(n, heads * hd)
-            x = x + att @ w[p + "self_attn.o_proj.weight"].T
-            h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
-            gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
-            x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
-        logits = rmsnorm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+        targets = np.asarray(win[1:])
+        logits = reference_logits(w, c, win[:-1])
+        n = len(targets)
         m = logits.max(-1, keepdims=True)
         lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
         total += float((lse - logits[np.arange(n), targets]).sum())
@@ -241,7 +249,18 @@ def check_model(tmp, qwen2):
     write_tokens(tokens, ids, c["vocab_size"])
     windows = heldout_windows(ids)
 
-    # 1. import at lr 0: zero3's held-out loss is the reference forward's.
+    # 1. import: the model's logits, then zero3 train's held-out loss at lr 0, against the reference forward.
+    logits_file = os.path.join(tmp, tag + "_logits.f32")
+    r = subprocess.run([LLAMA_LOGITS, model_dir, ",".join(map(str, windows[0][:-1])), logits_file],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        return fail(f"{tag}: llama_logits exited {r.returncode}: {r.stdout[-800:]}")
+    got = np.fromfile(logits_file, dtype="<f4").reshape(CONTEXT, c["vocab_size"]).astype(np.float64)
+    ref = reference_logits(weights, c, windows[0][:-1])
+    worst = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+    print(f"{tag}: import: logits max |zero3 - reference| / max |reference| = {worst:.2e}")
+    if worst > 1e-5:
+        fail(f"{tag}: logits differ from the float64 reference by {worst:.2e} of the largest (> 1e-5)")
     r, metrics = train(tmp, tag + "_import", job_config(model_dir, tokens, 0.0, 1), 1)
     if r.returncode != 0:
         return fail(f"{tag}: import run exited {r.returncode}: {r.stdout[-1500:]}")

@@ -56,12 +56,13 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
   set_tests_properties(mpi.train_tensorboard PROPERTIES LABELS "mpi" TIMEOUT 300 PROCESSORS 2)
 endif()
 
-# A Llama model in and out of the Hugging Face layout (tests/mpi/hf_llama_test.py): init_from + hf_config
-# against a float64 numpy forward, the hf export byte for byte and sharded, trained weights' loss by numpy
-# and transformers (when installed) against zero3's held-out loss, bad checkpoints named. Skips without numpy.
+# A Llama model in and out of the Hugging Face layout (tests/mpi/hf_llama_test.py): its logits and
+# init_from + hf_config against a float64 numpy forward, the hf export byte for byte and sharded, trained
+# weights' loss by numpy and transformers (when installed) against zero3's held-out loss, bad checkpoints
+# named, the memory of a ranged import. Skips without numpy.
 if(TARGET zero3 AND NOT ZERO3_SANITIZE)
   add_test(NAME mpi.hf_llama
-           COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/hf_llama_test.py $<TARGET_FILE:zero3> ${ZERO3_MPIEXEC}
-                   ${ZERO3_MPIEXEC_FLAGS})
+           COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/hf_llama_test.py $<TARGET_FILE:zero3>
+                   $<TARGET_FILE:llama_logits> ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
   set_tests_properties(mpi.hf_llama PROPERTIES LABELS "mpi" TIMEOUT 600 PROCESSORS 2 SKIP_RETURN_CODE 77)
 endif()
