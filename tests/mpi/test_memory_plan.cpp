@@ -221,7 +221,9 @@ TEST_CASE("each knob moves the measured peak as the plan says", "[memory][knobs]
       const double least = at(high.plan.low) * 0.9 - at(low.plan.peak) * 1.1;
       INFO(fmt::format("the plan allows a change of {} to {} bytes", least, most));
       CHECK(plan_delta != 0.0);
-      CHECK(std::signbit(plan_delta) == std::signbit(measured_delta));
+      // The direction is the plan's wherever its range fixes one; a range that spans zero (a small change
+      // next to a timing-dependent one: frees behind a busy stream) fixes only the bounds.
+      if (std::signbit(least) == std::signbit(most)) CHECK(std::signbit(plan_delta) == std::signbit(measured_delta));
       CHECK(measured_delta <= std::max(most, least));
       CHECK(measured_delta >= std::min(most, least));
     }
