@@ -28,6 +28,7 @@ import sys
 import sysconfig
 
 MAGIC = b"ZERO3TOK"
+SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 VERSION = 1
 
 
@@ -37,7 +38,8 @@ def input_files(paths, pattern):
     for path in paths:
         if os.path.isdir(path):
             for root, dirs, names in os.walk(path):
-                dirs.sort()
+                # Installed packages are not the library itself (and change with every pip install).
+                dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
                 for name in sorted(names):
                     if fnmatch.fnmatch(name, pattern):
                         found.append(os.path.join(root, name))
