@@ -58,8 +58,12 @@ std::string init_from_checkpoint(std::vector<UnitSpec>& units, const std::filesy
           ckpt->file_of(name).string(), name));
     }
   }
-  return fmt::format("init_from {}: {} tensors, {:.2f} GiB ({})", path.string(), used.size(),
-                     static_cast<double>(ckpt->data_bytes()) / (1024.0 * 1024.0 * 1024.0), fmt::join(dtypes, ", "));
+  const auto bytes = static_cast<double>(ckpt->data_bytes());
+  constexpr double kMiB = 1024.0 * 1024.0;
+  return fmt::format("init_from {}: {} tensors, {} ({})", path.string(), used.size(),
+                     bytes >= 1024.0 * kMiB ? fmt::format("{:.2f} GiB", bytes / (1024.0 * kMiB))
+                                            : fmt::format("{:.2f} MiB", bytes / kMiB),
+                     fmt::join(dtypes, ", "));
 }
 
 }  // namespace zero3::train

@@ -24,7 +24,7 @@ namespace zero3::train {
 // Replaces every param's init. ConfigError naming the checkpoint's file and the tensor when a param has no
 // tensor, a tensor's shape disagrees with its param's, or a tensor matches no param; the checkpoint's own
 // errors (a malformed file) are CheckpointErrors naming the file and the tensor. Returns one line saying
-// what was read ("init_from DIR: 201 tensors, 1.10 GiB (bf16)").
+// what was read ("init_from DIR: 201 tensors, 1.10 GiB (BF16)").
 std::string init_from_checkpoint(std::vector<UnitSpec>& units, const std::filesystem::path& path);
 
 }  // namespace zero3::train
