@@ -16,6 +16,7 @@
 #include "host_adapter.hpp"
 #include "host_gemm.hpp"
 #include "host_parallel.hpp"
+#include "unit_linear.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models {
@@ -151,26 +152,7 @@ GptModel<T>::GptModel(const GptConfig& config) : config_(config) {
 template <typename T>
 void GptModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
                             int len, Pass pass) {
-  if (batch < 1) throw UsageError(fmt::format("GptModel::set_batch: batch must be >= 1, got {}", batch));
-  if (len < 1 || len > config_.seq_len) {
-    throw UsageError(
-        fmt::format("GptModel::set_batch: len must be in [1, zero3.model.seq_len = {}], got {}", config_.seq_len, len));
-  }
-  const Index rows = idx(batch) * idx(len);
-  if (tokens.size() != rows || targets.size() != rows) {
-    throw UsageError(fmt::format("GptModel::set_batch: tokens ({}) and targets ({}) must hold batch * len = {} ids",
-                                 tokens.size(), targets.size(), rows));
-  }
-  for (Index i = 0; i < rows; ++i) {
-    for (const auto& [ids, what] : {std::pair{tokens, "tokens"}, std::pair{targets, "targets"}}) {
-      if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
-        throw UsageError(
-            fmt::format("GptModel::set_batch: {}[{}] (sequence {}, position {}) = {} is outside the "
-                        "vocabulary [0, {})",
-                        what, i, i / idx(len), i % idx(len), ids[i], config_.vocab_size));
-      }
-    }
-  }
+  detail::check_token_batch("GptModel", tokens, targets, batch, len, config_.seq_len, config_.vocab_size);
   tokens_.assign(tokens.begin(), tokens.end());
   targets_.assign(targets.begin(), targets.end());
   batch_ = batch;
@@ -202,49 +184,20 @@ bool GptModel<T>::bf16_operand(std::size_t unit, std::size_t k) const {
 template <typename T>
 void GptModel<T>::take_params16(const char* what, std::size_t unit, std::span<const T* const> params,
                                 std::span<const bf16_t* const> params16) {
-  if (!params16.empty() && params16.size() != params.size()) {
-    throw UsageError(
-        fmt::format("GptModel::{}: unit {}: {} bf16 params for {} params", what, unit, params16.size(), params.size()));
-  }
-  w16_.assign(params.size(), nullptr);
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    const bf16_t* p16 = params16.empty() ? nullptr : params16[k];
-    if (p16 != nullptr) {
-      if (!std::is_same_v<T, float> || !bf16_operand(unit, k) || !gemm::bf16_native()) {
-        throw UsageError(fmt::format(
-            "GptModel::{}: unit {} param {}: a bf16 copy is taken only for a matrix weight of GptModel<float> on a "
-            "CPU with bf16 products (bf16_operand, host_bf16_products)",
-            what, unit, k));
-      }
-      w16_[k] = p16;
-      continue;
-    }
-    if (params[k] == nullptr) throw UsageError(fmt::format("GptModel::{}: unit {} param {} is null", what, unit, k));
-  }
+  detail::take_unit_params16<T>(
+      "GptModel", what, unit, params, params16, [&](std::size_t k) { return bf16_operand(unit, k); }, w16_);
 }
 
 template <typename T>
 void GptModel<T>::linear_fwd(std::span<const T* const> p, std::size_t k, const T* bias, const T* x, T* y, Index rows,
                              Index in, Index out) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (w16_[k] != nullptr) {
-      ops::linear_forward_bf16(x, w16_[k], bias, y, rows, in, out, round_x_);
-      return;
-    }
-  }
-  ops::linear_forward(x, p[k], bias, y, rows, in, out);
+  detail::unit_linear_forward(w16_, round_x_, p, k, bias, x, y, rows, in, out);
 }
 
 template <typename T>
 void GptModel<T>::linear_bwd(std::span<const T* const> p, std::size_t k, const T* x, const T* dy, T* dx, T* dw,
                              T* dbias, Index rows, Index in, Index out) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (w16_[k] != nullptr) {
-      ops::linear_backward_bf16(x, w16_[k], dy, dx, false, dw, dbias, rows, in, out, round_x_, round_dy_);
-      return;
-    }
-  }
-  ops::linear_backward(x, p[k], dy, dx, false, dw, dbias, rows, in, out);
+  detail::unit_linear_backward(w16_, round_x_, round_dy_, p, k, x, dy, dx, false, dw, dbias, rows, in, out);
 }
 
 template <typename T>

@@ -17,6 +17,7 @@
 #include "host_gemm.hpp"
 #include "host_parallel.hpp"
 #include "llama_ops.hpp"
+#include "unit_linear.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models {
@@ -178,25 +179,7 @@ std::size_t LlamaModel<T>::unit_params(std::size_t unit) const {
 template <typename T>
 void LlamaModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets, int batch,
                               int len, Pass pass) {
-  if (batch < 1) throw UsageError(fmt::format("LlamaModel::set_batch: batch must be >= 1, got {}", batch));
-  if (len < 1 || len > config_.seq_len) {
-    throw UsageError(fmt::format("LlamaModel::set_batch: len must be in [1, zero3.model.seq_len = {}], got {}",
-                                 config_.seq_len, len));
-  }
-  const Index rows = idx(batch) * idx(len);
-  if (tokens.size() != rows || targets.size() != rows) {
-    throw UsageError(fmt::format("LlamaModel::set_batch: tokens ({}) and targets ({}) must hold batch * len = {} ids",
-                                 tokens.size(), targets.size(), rows));
-  }
-  for (Index i = 0; i < rows; ++i) {
-    for (const auto& [ids, what] : {std::pair{tokens, "tokens"}, std::pair{targets, "targets"}}) {
-      if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
-        throw UsageError(fmt::format(
-            "LlamaModel::set_batch: {}[{}] (sequence {}, position {}) = {} is outside the vocabulary [0, {})", what, i,
-            i / idx(len), i % idx(len), ids[i], config_.vocab_size));
-      }
-    }
-  }
+  detail::check_token_batch("LlamaModel", tokens, targets, batch, len, config_.seq_len, config_.vocab_size);
   tokens_.assign(tokens.begin(), tokens.end());
   targets_.assign(targets.begin(), targets.end());
   if (len != len_ || rope_cos_.empty())
@@ -230,49 +213,20 @@ bool LlamaModel<T>::bf16_operand(std::size_t unit, std::size_t k) const {
 template <typename T>
 void LlamaModel<T>::take_params16(const char* what, std::size_t unit, std::span<const T* const> params,
                                   std::span<const bf16_t* const> params16) {
-  if (!params16.empty() && params16.size() != params.size()) {
-    throw UsageError(fmt::format("LlamaModel::{}: unit {}: {} bf16 params for {} params", what, unit, params16.size(),
-                                 params.size()));
-  }
-  w16_.assign(params.size(), nullptr);
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    const bf16_t* p16 = params16.empty() ? nullptr : params16[k];
-    if (p16 != nullptr) {
-      if (!std::is_same_v<T, float> || !bf16_operand(unit, k) || !gemm::bf16_native()) {
-        throw UsageError(fmt::format(
-            "LlamaModel::{}: unit {} param {}: a bf16 copy is taken only for a projection of LlamaModel<float> on a "
-            "CPU with bf16 products",
-            what, unit, k));
-      }
-      w16_[k] = p16;
-      continue;
-    }
-    if (params[k] == nullptr) throw UsageError(fmt::format("LlamaModel::{}: unit {} param {} is null", what, unit, k));
-  }
+  detail::take_unit_params16<T>(
+      "LlamaModel", what, unit, params, params16, [&](std::size_t k) { return bf16_operand(unit, k); }, w16_);
 }
 
 template <typename T>
 void LlamaModel<T>::linear_fwd(std::span<const T* const> p, std::size_t k, const T* bias, const T* x, T* y, Index rows,
                                Index in, Index out) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (w16_[k] != nullptr) {
-      ops::linear_forward_bf16(x, w16_[k], bias, y, rows, in, out, round_x_);
-      return;
-    }
-  }
-  ops::linear_forward(x, p[k], bias, y, rows, in, out);
+  detail::unit_linear_forward(w16_, round_x_, p, k, bias, x, y, rows, in, out);
 }
 
 template <typename T>
 void LlamaModel<T>::linear_bwd(std::span<const T* const> p, std::size_t k, const T* x, const T* dy, T* dx,
                                bool accumulate_dx, T* dw, T* dbias, Index rows, Index in, Index out) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (w16_[k] != nullptr) {
-      ops::linear_backward_bf16(x, w16_[k], dy, dx, accumulate_dx, dw, dbias, rows, in, out, round_x_, round_dy_);
-      return;
-    }
-  }
-  ops::linear_backward(x, p[k], dy, dx, accumulate_dx, dw, dbias, rows, in, out);
+  detail::unit_linear_backward(w16_, round_x_, round_dy_, p, k, x, dy, dx, accumulate_dx, dw, dbias, rows, in, out);
 }
 
 template <typename T>

@@ -21,6 +21,17 @@ GptConfig gpt_config(const config::ModelSettings& m) {
   return g;
 }
 
+MlpConfig mlp_config(const config::ModelSettings& m) {
+  MlpConfig c;
+  c.vocab_size = static_cast<int>(m.vocab_size);
+  c.context = static_cast<int>(m.seq_len);
+  c.layers = static_cast<int>(m.layers);
+  c.hidden = static_cast<int>(m.hidden_size);
+  return c;
+}
+
+}  // namespace
+
 LlamaConfig llama_config(const config::ModelSettings& m) {
   LlamaConfig c;
   c.vocab_size = static_cast<int>(m.vocab_size);
@@ -38,17 +49,6 @@ LlamaConfig llama_config(const config::ModelSettings& m) {
   c.tie_word_embeddings = m.tie_word_embeddings;
   return c;
 }
-
-MlpConfig mlp_config(const config::ModelSettings& m) {
-  MlpConfig c;
-  c.vocab_size = static_cast<int>(m.vocab_size);
-  c.context = static_cast<int>(m.seq_len);
-  c.layers = static_cast<int>(m.layers);
-  c.hidden = static_cast<int>(m.hidden_size);
-  return c;
-}
-
-}  // namespace
 
 void validate_train_model(const config::ModelSettings& model) {
   switch (model.type) {

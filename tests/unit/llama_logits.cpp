@@ -13,6 +13,7 @@
 #include "zero3/ckpt/safetensors.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/models/llama.hpp"
+#include "zero3/models/model_factory.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 4) {
@@ -30,20 +31,7 @@ int main(int argc, char** argv) {
         "zero3": {"model": {"type": "llama", "hf_config": ")" +
                              dir + R"(/config.json", "seq_len": )" + std::to_string(len) + "}}}";
     const zero3::config::Config cfg = zero3::config::load_config_text_or_throw(text);
-    const zero3::config::ModelSettings& m = *cfg.zero3.model;
-    zero3::models::LlamaConfig c;
-    c.vocab_size = static_cast<int>(m.vocab_size);
-    c.seq_len = len;
-    c.layers = static_cast<int>(m.layers);
-    c.hidden = static_cast<int>(m.hidden_size);
-    c.heads = static_cast<int>(m.heads);
-    c.kv_heads = static_cast<int>(m.kv_heads);
-    c.head_dim = static_cast<int>(m.head_dim);
-    c.intermediate = static_cast<int>(m.intermediate_size);
-    c.rope_theta = m.rope_theta;
-    c.rms_norm_eps = m.rms_norm_eps;
-    c.qkv_bias = m.qkv_bias;
-    c.o_bias = m.o_bias;
+    const zero3::models::LlamaConfig c = zero3::models::llama_config(*cfg.zero3.model);
 
     const auto ckpt = zero3::ckpt::SafetensorsCheckpoint::open(dir);
     const std::vector<zero3::UnitSpec> units = zero3::models::llama_units(c);

@@ -14,7 +14,7 @@ if(TARGET zero3_models)
   target_include_directories(test_llama PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
   # The host Llama's logits from a Hugging Face directory, for tests/mpi/hf_llama_test.py.
   add_executable(llama_logits ${CMAKE_CURRENT_LIST_DIR}/llama_logits.cpp)
-  target_link_libraries(llama_logits PRIVATE zero3_models zero3_ckpt zero3_config)
+  target_link_libraries(llama_logits PRIVATE zero3_model_factory zero3_models zero3_ckpt zero3_config)
   zero3_project_flags(llama_logits)
   zero3_unit_test(mlp SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_mlp.cpp LIBS zero3_models zero3_data fmt::fmt)
   # The models' planned activations (the memory plan's activations category) against what they hold.

@@ -9,6 +9,7 @@
 
 #include "zero3/config/config.hpp"
 #include "zero3/device/device.hpp"
+#include "zero3/models/llama.hpp"
 #include "zero3/models/unit_model.hpp"
 
 namespace zero3::models {
@@ -16,6 +17,8 @@ namespace zero3::models {
 // Throws ConfigError naming the zero3.model field for a model that cannot be built, or for a model and
 // device with no implementation (the MLP on CUDA).
 std::unique_ptr<UnitModel> make_train_model(const config::ModelSettings& model, Device& device);
+// The Llama shape a "type": "llama" block describes (seq_len as given).
+LlamaConfig llama_config(const config::ModelSettings& model);
 // Validates the block without building anything (ConfigError naming the field).
 void validate_train_model(const config::ModelSettings& model);
 // Elements of all params.
