@@ -53,16 +53,13 @@ void parse_llama_keys(ObjectReader& r, ModelSettings& m, const HfShape& from_hf)
       *out = b;
     }
   }
-  // false over a tied hf_config unties the embeddings: lm_head gets its own param (init_from copies it).
+  // true ties the output layer to the embedding (one param, read by two units); false over a tied
+  // hf_config unties them: lm_head gets its own param (init_from copies it).
   r.get_bool("tie_word_embeddings", m.tie_word_embeddings);
   if (m.intermediate_size == 0) r.error("intermediate_size", "required key is missing (a llama model needs it)");
   // Resolved, so that the written-back config names them (and reads back the same).
   if (m.kv_heads == 0) m.kv_heads = m.heads;
   if (m.head_dim == 0 && m.heads > 0 && m.hidden_size % m.heads == 0) m.head_dim = m.hidden_size / m.heads;
-  if (m.tie_word_embeddings) {
-    r.not_implemented("tie_word_embeddings",
-                      "tied input and output embeddings (one param in two engine units) are not implemented");
-  }
 }
 
 void parse_model(ObjectReader& z, Context& cx) {

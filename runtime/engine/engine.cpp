@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string_view>
+#include <unordered_set>
 #include <utility>
 
 #include "engine_impl.hpp"
@@ -234,6 +236,18 @@ void Engine::Impl::add_unit(UnitSpec unit) {
   for (const ParamSpec& p : unit.params) {
     if (param_names.contains(p.name) || !mine.insert(p.name).second) {
       throw UsageError(fmt::format("add_unit('{}'): a param named '{}' was already declared", unit.name, p.name));
+    }
+  }
+  std::unordered_set<std::string_view> borrowed;
+  for (const std::string& b : unit.borrows) {
+    if (b == unit.name || !unit_names.contains(b)) {
+      throw UsageError(fmt::format(
+          "add_unit('{}'): it borrows unit '{}', which is not declared before it (declare a unit whose params "
+          "another also reads first)",
+          unit.name, b));
+    }
+    if (!borrowed.insert(b).second) {
+      throw UsageError(fmt::format("add_unit('{}'): unit '{}' is borrowed twice", unit.name, b));
     }
   }
   unit_names.insert(unit.name);

@@ -117,6 +117,7 @@ class Planner {
         staging_kind_(host_device_ ? MemoryKind::pageable_host : MemoryKind::pinned_host) {
     plan_.world_size = world_;
     plan_.ranks_per_node = std::max(options.ranks_per_node, 1);
+    for (std::size_t u = 0; u < units.size(); ++u) visits_.push_back(visit_units(units, u));
   }
 
   MemoryPlan run() {
@@ -226,51 +227,73 @@ class Planner {
     engine::GatherSchedule schedule(layout_, config_.zero, false, stats, count);
     const std::size_t n = layout_.units.size();
     const std::int64_t gas = std::max<std::int64_t>(config_.batch.gradient_accumulation_steps, 1);
+    // A unit's visit: it and the units it borrows, acquired in order and released in reverse (unit_walk).
+    const auto visit = [&](std::size_t u) {
+      for (const std::size_t v : visits_[u]) schedule.acquire(v);
+      for (auto v = visits_[u].rbegin(); v != visits_[u].rend(); ++v) schedule.release(*v);
+    };
     for (int window = 0; window < 3; ++window) {
       for (std::int64_t m = 0; m < gas; ++m) {
-        for (std::size_t u = 0; u < n; ++u) {
-          schedule.acquire(u);
-          schedule.release(u);
-        }
-        for (std::size_t u = n; u-- > 0;) {
-          schedule.acquire(u);
-          schedule.release(u);
-        }
+        for (std::size_t u = 0; u < n; ++u) visit(u);
+        for (std::size_t u = n; u-- > 0;) visit(u);
       }
       schedule.end_window();
       schedule.set_traced(false);  // the held-out pass
-      for (std::size_t u = 0; u < n; ++u) {
-        schedule.acquire(u);
-        schedule.release(u);
-      }
+      for (std::size_t u = 0; u < n; ++u) visit(u);
       schedule.set_traced(true);
     }
     return count.peak();
   }
 
-  // ---- gradient buffers: a unit's buffer is allocated while the one before it in the backward walk is
-  // still being reduced (unless those waiting exceed reduce_bucket_size elements)
+  // ---- gradient buffers: a visit's buffers (the unit's, then those of the units it borrows) are made
+  // while the one before them in the backward walk is still being reduced (unless those waiting exceed
+  // reduce_bucket_size elements), as GradReducer::open waits
 
   void grad_buffers() {
     const bool in_place = single_rank_ && dtype_ == DType::f32 && comm_dtype_ == DType::f32 && !offload_optimizer_;
     const std::int64_t gas = std::max<std::int64_t>(config_.batch.gradient_accumulation_steps, 1);
-    if (in_place && gas == 1) return;  // written straight into the accumulators
+    // In place, a unit's first GradScope of a window writes its accumulators: from the second micro-batch
+    // on, every scope has a buffer of its own.
+    const bool first_in_place = in_place && gas == 1;
     const auto bucket = static_cast<std::uint64_t>(std::max<std::int64_t>(config_.zero.reduce_bucket_size, 0));
+    std::vector<char> written(layout_.units.size(), 0);
+    std::vector<std::uint64_t> pending;  // buffers still being reduced, oldest first
     std::uint64_t peak = 0;
-    std::uint64_t single = 0;
-    std::uint64_t previous = 0;  // elements of the buffer still being reduced
+    std::uint64_t single = 0;  // the most one visit holds at once, whatever the reductions' timing
     for (std::size_t u = layout_.units.size(); u-- > 0;) {
-      const std::uint64_t elems = layout_.units[u].group(Group::trainable).padded;
-      if (elems == 0) continue;
-      const std::uint64_t waiting = previous > bucket ? 0 : previous;
-      peak = std::max(peak, waiting + elems);
-      single = std::max(single, elems);
-      previous = elems;
+      std::vector<std::uint64_t> opened;
+      std::uint64_t open_elems = 0;
+      for (const std::size_t v : visits_[u]) {
+        const std::uint64_t elems = layout_.units[v].group(Group::trainable).padded;
+        if (elems == 0 || (first_in_place && std::exchange(written[v], char{1}) == 0)) continue;
+        while (pending.size() > 1) pending.erase(pending.begin());
+        while (!pending.empty() && sum(pending) > bucket) pending.erase(pending.begin());
+        peak = std::max(peak, open_elems + sum(pending) + elems);
+        open_elems += elems;
+        opened.push_back(elems);
+      }
+      single = std::max(single, open_elems);
+      pending.insert(pending.end(), opened.rbegin(), opened.rend());  // closed in the reverse order
     }
     add(MemoryKind::device, MemCategory::grad_buffer, peak * size_of(dtype_),
         fmt::format("a unit's full gradient ({}) while the previous unit's is still being reduced: {} elements{}",
-                    dtype_name(dtype_), peak, in_place ? ", from the window's second micro-batch on" : ""),
+                    dtype_name(dtype_), peak,
+                    in_place && !first_in_place ? ", from the window's second micro-batch on" : ""),
         single * size_of(dtype_));
+  }
+
+  static std::uint64_t sum(const std::vector<std::uint64_t>& v) {
+    std::uint64_t total = 0;
+    for (const std::uint64_t x : v) total += x;
+    return total;
+  }
+
+  // The units in the order backward reduces them: each visit's GradScopes close in the reverse order of
+  // opening, so the units a visit borrows come before the unit itself.
+  std::vector<std::size_t> reduction_order() const {
+    std::vector<std::size_t> order;
+    for (std::size_t u = visits_.size(); u-- > 0;) order.insert(order.end(), visits_[u].rbegin(), visits_[u].rend());
+    return order;
   }
 
   // ---- the reduction's scratch (GradReducer): the pack / cast buffer and the received piece, grown to
@@ -284,7 +307,7 @@ class Planner {
     std::uint64_t recv = 0;
     std::uint64_t peak = 0;
     std::uint64_t low = 0;
-    for (std::size_t u = layout_.units.size(); u-- > 0;) {
+    for (const std::size_t u : reduction_order()) {
       const engine::GroupLayout& g = layout_.units[u].group(Group::trainable);
       if (g.padded == 0) continue;
       std::uint64_t want_send = 0;
@@ -425,6 +448,7 @@ class Planner {
   bool offload_optimizer_;
   bool single_rank_;
   MemoryKind staging_kind_;
+  std::vector<std::vector<std::size_t>> visits_;  // per unit: itself, then the units it borrows
   MemoryPlan plan_;
 };
 

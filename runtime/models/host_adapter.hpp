@@ -30,7 +30,17 @@ template <typename Model>
 class HostAdapter final : public UnitModel {
  public:
   HostAdapter(Model model, std::vector<UnitSpec> units, std::string description)
-      : model_(std::move(model)), units_(std::move(units)), description_(std::move(description)) {}
+      : model_(std::move(model)), units_(std::move(units)), description_(std::move(description)) {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      std::vector<const ParamSpec*>& visit = visit_params_.emplace_back();
+      for (const std::size_t v : visit_units(units_, u)) {
+        for (const ParamSpec& p : units_[v].params) visit.push_back(&p);
+      }
+    }
+  }
+  // units_ is not to move from under visit_params_' pointers.
+  HostAdapter(const HostAdapter&) = delete;
+  HostAdapter& operator=(const HostAdapter&) = delete;
 
   const std::vector<UnitSpec>& units() const override { return units_; }
   std::string describe() const override { return description_; }
@@ -105,14 +115,14 @@ class HostAdapter final : public UnitModel {
     std::vector<std::size_t> grads;
     if (shape.params != DType::f32) {
       for (std::size_t u = 0; u < units_.size(); ++u) {
-        const std::vector<ParamSpec>& params = units_[u].params;
+        const std::vector<const ParamSpec*>& params = visit_params_[u];
         widened.resize(std::max(widened.size(), params.size()));
         grads.resize(std::max(grads.size(), params.size()));
         for (std::size_t k = 0; k < params.size(); ++k) {
           bool as_bf16 = false;
           if constexpr (kTakesBf16) as_bf16 = bf16_products && model_.bf16_operand(u, k);
-          if (!as_bf16) widened[k] = std::max(widened[k], params[k].numel());
-          if (params[k].trainable) grads[k] = std::max(grads[k], params[k].numel());
+          if (!as_bf16) widened[k] = std::max(widened[k], params[k]->numel());
+          if (params[k]->trainable) grads[k] = std::max(grads[k], params[k]->numel());
         }
       }
     }
@@ -136,9 +146,9 @@ class HostAdapter final : public UnitModel {
     if (unit >= units_.size()) {
       throw UsageError(fmt::format("{}: {}: unit {} of {}", description_, what, unit, units_.size()));
     }
-    if (params.size() != units_[unit].params.size()) {
+    if (params.size() != visit_params_[unit].size()) {
       throw UsageError(fmt::format("{}: {}: unit {} ({}) takes {} params, got {}", description_, what, unit,
-                                   units_[unit].name, units_[unit].params.size(), params.size()));
+                                   units_[unit].name, visit_params_[unit].size(), params.size()));
     }
   }
 
@@ -173,6 +183,7 @@ class HostAdapter final : public UnitModel {
 
   Model model_;
   std::vector<UnitSpec> units_;
+  std::vector<std::vector<const ParamSpec*>> visit_params_;  // per unit: its params, then its borrowed units'
   std::string description_;
   bool empty_ = false;
   std::vector<std::vector<float>> param_scratch_;

@@ -97,12 +97,6 @@ void validate(const LlamaConfig& c) {
   if (!(c.rms_norm_eps > 0.0)) {
     throw ConfigError(fmt::format("zero3.model.rms_norm_eps must be > 0, got {}", c.rms_norm_eps));
   }
-  if (c.tie_word_embeddings) {
-    throw ConfigError(
-        "zero3.model.tie_word_embeddings: tied input and output embeddings are not implemented (the embedding "
-        "would belong to two engine units); untie them with \"tie_word_embeddings\": false, which starts lm_head "
-        "as a copy of the embedding when initialized from a checkpoint");
-  }
 }
 
 std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
@@ -131,8 +125,13 @@ std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
     if (c.o_bias) p.push_back(vector_param(l + "self_attn.o_proj.bias", d, ParamInit::zeros()));
     units.push_back({fmt::format("layers.{}", i), std::move(p)});
   }
-  units.push_back(
-      {"head", {vector_param("model.norm.weight", d, ParamInit::ones()), matrix("lm_head.weight", c.vocab_size, d)}});
+  UnitSpec head{"head", {vector_param("model.norm.weight", d, ParamInit::ones())}};
+  if (c.tie_word_embeddings) {
+    head.borrows = {"embed"};  // the output layer is the embedding: the walk hands it to the head second
+  } else {
+    head.params.push_back(matrix("lm_head.weight", c.vocab_size, d));
+  }
+  units.push_back(std::move(head));
   return units;
 }
 
@@ -145,8 +144,9 @@ std::size_t llama_num_params(const LlamaConfig& config) {
 }
 
 std::string describe(const LlamaConfig& c) {
-  return fmt::format("Llama {} layers, hidden {}, {} heads ({} kv), intermediate {}, vocab {}, context {}", c.layers,
-                     c.hidden, c.heads, c.kv(), c.intermediate, c.vocab_size, c.seq_len);
+  return fmt::format("Llama {} layers, hidden {}, {} heads ({} kv), intermediate {}, vocab {}, context {}{}", c.layers,
+                     c.hidden, c.heads, c.kv(), c.intermediate, c.vocab_size, c.seq_len,
+                     c.tie_word_embeddings ? ", tied embeddings" : "");
 }
 
 std::unique_ptr<UnitModel> make_host_llama(const LlamaConfig& config) {

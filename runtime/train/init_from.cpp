@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <string_view>
@@ -50,8 +51,13 @@ std::string init_from_checkpoint(std::vector<UnitSpec>& units, const std::filesy
           [ckpt, source](std::uint64_t first, std::span<float> out) { ckpt->read(source, first, out); });
     }
   }
+  // A tied model has no lm_head.weight; a checkpoint may still store the tied copy (transformers then
+  // ignores it as well).
+  const bool tied = used.contains(kEmbedding) && !std::ranges::any_of(units, [](const UnitSpec& u) {
+                      return std::ranges::any_of(u.params, [](const ParamSpec& p) { return p.name == kLmHead; });
+                    });
   for (const std::string& name : ckpt->names()) {
-    if (!used.contains(name) && !is_skipped_buffer(name)) {
+    if (!used.contains(name) && !is_skipped_buffer(name) && !(tied && name == kLmHead)) {
       throw ConfigError(fmt::format(
           "zero3.model.init_from: {}: tensor \"{}\" matches no param of the model (a different architecture or "
           "shape settings?)",

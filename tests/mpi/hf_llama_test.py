@@ -3,9 +3,10 @@
 
 usage: hf_llama_test.py ZERO3 LLAMA_LOGITS MPIEXEC [MPIEXEC_FLAGS...]
 
-The test writes a tiny Llama (grouped-query attention) and a Qwen2-shaped one (q/k/v biases) the way
-transformers lays them out (config.json and model.safetensors, the safetensors bytes assembled here from
-the format's description) with random weights, and a token file, then checks:
+The test writes a tiny Llama (grouped-query attention), a Qwen2-shaped one (q/k/v biases) and a Qwen2-shaped
+one with tied embeddings (no lm_head.weight: the output layer is the embedding) the way transformers lays
+them out (config.json and model.safetensors, the safetensors bytes assembled here from the format's
+description) with random weights, and a token file, then checks:
   1. import: the host Llama's fp32 logits (tests/unit/llama_logits.cpp: zero3's config path and safetensors
      reader, no engine) equal a float64 numpy reference forward of the same weights (max |difference| within
      1e-5 of the largest logit), and `zero3 train` with init_from and hf_config at lr 0 reports a held-out loss
@@ -45,19 +46,19 @@ def fail(what):
     failures.append(what)
 
 
-def hf_config(qwen2):
+def hf_config(qwen2, tied=False):
     c = {"architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
          "model_type": "qwen2" if qwen2 else "llama", "vocab_size": 64, "hidden_size": 32,
          "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
-         "tie_word_embeddings": False, "torch_dtype": "float32"}
+         "tie_word_embeddings": tied, "torch_dtype": "float32"}
     if not qwen2:
         c["attention_bias"] = False
         c["mlp_bias"] = False
     return c
 
 
-def random_weights(c, seed, qwen2):
+def random_weights(c, seed, qwen2, tied=False):
     rng = np.random.default_rng(seed)
     d, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     hd = d // c["num_attention_heads"]
@@ -75,7 +76,8 @@ def random_weights(c, seed, qwen2):
             for name, n in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)]:
                 w[p + f"self_attn.{name}.bias"] = rng.normal(0, 0.1, n)
     w["model.norm.weight"] = 1 + rng.normal(0, 0.1, d)
-    w["lm_head.weight"] = rng.normal(0, 0.2, (v, d))
+    if not tied:  # a tied checkpoint stores the embedding once, as transformers saves it
+        w["lm_head.weight"] = rng.normal(0, 0.2, (v, d))
     return {k: v.astype(np.float32) for k, v in w.items()}
 
 
@@ -166,7 +168,8 @@ def reference_logits(w, c, tokens):
         h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
         gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
         x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
-    return rmsnorm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])  # tied: the embedding
+    return rmsnorm(x, w["model.norm.weight"], eps) @ head.T
 
 
 def reference_loss(w, c, windows):
@@ -236,13 +239,13 @@ def export(tmp, name, out, extra=()):
     return r
 
 
-def check_model(tmp, qwen2):
-    tag = "qwen2" if qwen2 else "llama"
-    c = hf_config(qwen2)
+def check_model(tmp, qwen2, tied=False):
+    tag = ("qwen2" if qwen2 else "llama") + ("_tied" if tied else "")
+    c = hf_config(qwen2, tied)
     model_dir = os.path.join(tmp, tag + "_hf")
     os.makedirs(model_dir)
     json.dump(c, open(os.path.join(model_dir, "config.json"), "w"))
-    weights = random_weights(c, 3 if qwen2 else 1, qwen2)
+    weights = random_weights(c, (3 if qwen2 else 1) + (4 if tied else 0), qwen2, tied)
     write_safetensors(os.path.join(model_dir, "model.safetensors"), weights)
     ids = np.random.default_rng(7).integers(0, c["vocab_size"], 3000).tolist()
     tokens = os.path.join(tmp, tag + ".tok")
@@ -383,6 +386,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         result = check_model(tmp, qwen2=False)
         check_model(tmp, qwen2=True)
+        check_model(tmp, qwen2=True, tied=True)
         if result:
             check_bad_checkpoints(tmp, *result)
         check_ranged_loading(tmp)

@@ -1,11 +1,12 @@
 // The memory plan (zero3/engine/memory_plan.hpp) against what a training job measures, at world sizes 1,
-// 2 and 4: the library's host GPT and MLP trained by the real loop (train::Trainer, a held-out pass at
-// every step) under configs that move every category (on the device, offloaded optimizer, offloaded
-// params, persistent units, a small live budget, accumulation), each category of each memory kind within
-// 10% of the plan and the model states within 2%; each knob of the plan moves the measured peak the way
-// and by the amount the plan says; the model states per rank fall as 1/N; and a job whose plan does not
-// fit the device's memory is refused at start-up, before anything is allocated. Every rank runs every
-// job (the engine is collective), and results are checked after the collectives.
+// 2 and 4: the library's host GPT, Llama (tied embeddings) and MLP trained by the real loop (train::Trainer,
+// a held-out pass at every step) under configs that move every category (on the device, offloaded
+// optimizer, offloaded params, persistent units, a small live budget, a unit that borrows another's params,
+// accumulation), each category of each memory kind within 10% of the plan and the model states within 2%;
+// each knob of the plan moves the measured peak the way and by the amount the plan says; the model states
+// per rank fall as 1/N; and a job whose plan does not fit the device's memory is refused at start-up,
+// before anything is allocated. Every rank runs every job (the engine is collective), and results are
+// checked after the collectives.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -135,6 +136,11 @@ const std::vector<Job>& jobs() {
     l.push_back(job("gpt bf16 small live budget", bf16,
                     R"("stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 60000,
                        "stage3_prefetch_bucket_size": 40000, "stage3_max_reuse_distance": 0)"));
+    // The output layer is the embedding: the head's visits gather it and reduce its gradient a second time.
+    Job tied = job("llama bf16 tied embeddings", bf16, R"("stage3_param_persistence_threshold": 0)");
+    tied.model = R"("type": "llama", "layers": 2, "hidden_size": 64, "heads": 4, "kv_heads": 2,
+                    "intermediate_size": 128, "vocab_size": 256, "seq_len": 16, "tie_word_embeddings": true)";
+    l.push_back(tied);
     Job mlp =
         job("mlp fp32 accumulation 2", "", R"("stage3_param_persistence_threshold": 0, "reduce_bucket_size": 5000)");
     mlp.model = R"("type": "mlp", "layers": 3, "hidden_size": 96, "vocab_size": 48, "seq_len": 4)";

@@ -47,8 +47,10 @@ int main(int argc, char** argv) {
     std::vector<std::int32_t> targets(tokens.size(), 0);
     model.set_batch(tokens, targets, 1, len, zero3::models::Pass::eval);
     for (std::size_t u = 0; u < units.size(); ++u) {
-      std::vector<const float*> ptrs;
-      for (const auto& v : values[u]) ptrs.push_back(v.data());
+      std::vector<const float*> ptrs;  // the unit's params, then those of the units it borrows (tied weights)
+      for (const std::size_t visited : zero3::visit_units(units, u)) {
+        for (const auto& v : values[visited]) ptrs.push_back(v.data());
+      }
       model.forward_unit(u, ptrs);
     }
     std::ofstream out(argv[3], std::ios::binary);

@@ -1,8 +1,8 @@
 // The host Llama-family decoder: its backward against central finite differences in float64 for every
 // element of every param (grouped-query attention with q/k/v and o biases; plain multi-head attention with a
-// head_dim that differs from hidden / heads), the float model against the double one, causality, the rotary
-// embedding's relative-position property (reads the private llama_ops.hpp), and config validation naming the
-// field.
+// head_dim that differs from hidden / heads; lm_head tied to the embedding), the float model against the
+// double one, causality, the rotary embedding's relative-position property (reads the private
+// llama_ops.hpp), and config validation naming the field.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -54,11 +54,15 @@ template <typename T>
 struct Params {
   std::vector<zero3::UnitSpec> units;
   std::vector<std::vector<std::vector<T>>> values;
+  // A unit's params as the engine's walk hands them: its own, then those of the units it borrows.
   std::vector<const T*> pointers(std::size_t u) const {
     std::vector<const T*> out;
-    for (const auto& v : values[u]) out.push_back(v.data());
+    for (const std::size_t v : visit(u)) {
+      for (const auto& p : values[v]) out.push_back(p.data());
+    }
     return out;
   }
+  std::vector<std::size_t> visit(std::size_t u) const { return zero3::visit_units(units, u); }
 };
 
 // Far from init for gradient checks: matrices normal(0, spread), norms 1 + normal(0, spread / 3), biases
@@ -126,9 +130,23 @@ std::vector<std::vector<std::vector<T>>> gradients(LlamaModel<T>& model, const P
     for (const auto& v : unit) u.emplace_back(v.size(), T(0));
   }
   for (std::size_t u = model.num_units(); u-- > 0;) {
+    // A borrowed unit's gradients of this use in buffers of their own, added to its total afterwards, as
+    // the engine reduces each use's buffer into the same accumulators.
+    std::vector<std::vector<T>> scratch;
     std::vector<T*> ptrs;
     for (auto& v : g[u]) ptrs.push_back(v.data());
+    const std::vector<std::size_t> visit = p.visit(u);
+    for (std::size_t i = 1; i < visit.size(); ++i) {
+      for (const auto& v : g[visit[i]]) ptrs.push_back(scratch.emplace_back(v.size(), T(0)).data());
+    }
     model.backward_unit(u, p.pointers(u), ptrs, T(1));
+    std::size_t next = 0;
+    for (std::size_t i = 1; i < visit.size(); ++i) {
+      for (auto& v : g[visit[i]]) {
+        const std::vector<T>& add = scratch[next++];
+        for (std::size_t e = 0; e < v.size(); ++e) v[e] += add[e];
+      }
+    }
   }
   return g;
 }
@@ -185,6 +203,14 @@ TEST_CASE("llama: backward matches finite differences, grouped-query attention w
 
 TEST_CASE("llama: backward matches finite differences, head_dim apart from hidden / heads (float64)", "[llama]") {
   check_finite_differences(mha_config());
+}
+
+TEST_CASE("llama: backward matches finite differences, lm_head tied to the embedding (float64)", "[llama]") {
+  // Each element of the embedding moves the loss through the lookup and the output layer: the finite
+  // difference sees both, and the gradient is their sum only if the head's share reaches the embedding.
+  LlamaConfig c = mha_config();
+  c.tie_word_embeddings = true;
+  check_finite_differences(c);
 }
 
 TEST_CASE("llama: float and double agree; a future token does not change earlier positions", "[llama]") {
@@ -274,9 +300,6 @@ TEST_CASE("llama: configs no model can be built from name the field", "[llama]")
   c = gqa_config();
   c.intermediate = 0;
   CHECK_THAT(message(c), Catch::Contains("zero3.model.intermediate_size"));
-  c = gqa_config();
-  c.tie_word_embeddings = true;
-  CHECK_THAT(message(c), Catch::Contains("tie_word_embeddings"));
   c = mha_config();
   c.head_dim = 0;
   c.hidden = 7;
@@ -287,4 +310,13 @@ TEST_CASE("llama: configs no model can be built from name the field", "[llama]")
   CHECK(units[1].params[1].name == "model.layers.0.self_attn.q_proj.weight");
   CHECK(units[1].params.size() == 13);
   CHECK(units[3].params[1].name == "lm_head.weight");
+  CHECK(units[3].borrows.empty());
+  LlamaConfig tied = gqa_config();
+  tied.tie_word_embeddings = true;
+  const auto tied_units = zero3::models::llama_units(tied);
+  REQUIRE(tied_units.size() == 4);
+  CHECK(tied_units[3].params.size() == 1);  // model.norm.weight; the output layer is the borrowed embedding
+  CHECK(tied_units[3].borrows == std::vector<std::string>{"embed"});
+  CHECK(zero3::models::llama_num_params(tied) ==
+        zero3::models::llama_num_params(gqa_config()) - static_cast<std::size_t>(tied.vocab_size * tied.hidden));
 }

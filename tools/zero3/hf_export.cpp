@@ -48,7 +48,7 @@ nlohmann::ordered_json hf_config_json(const nlohmann::json& resolved_config, DTy
     c["attention_bias"] = o_bias;
     c["mlp_bias"] = false;
   }
-  c["tie_word_embeddings"] = false;
+  c["tie_word_embeddings"] = m.value("tie_word_embeddings", false);
   c["initializer_range"] = 0.02;
   c["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : "float32";
   return c;

@@ -73,6 +73,16 @@ struct ParamSpec {
 struct UnitSpec {
   std::string name;  // unique, e.g. "layers.3"
   std::vector<ParamSpec> params;
+  // Units declared before this one whose params this unit also reads: tied weights, such as an output
+  // layer that is the input embedding. Each param keeps one shard, one master copy and one optimizer
+  // state. A unit walk (zero3/train/unit_walk.hpp) gathers the borrowed units with this one and hands
+  // their params after its own, and in backward their gradient buffers after its own; each of those
+  // reduces into the borrowed unit's accumulators, so the step applies the sum over every use.
+  std::vector<std::string> borrows = {};
 };
+
+// The units a visit of units[unit] reaches: `unit` itself, then those it borrows, as indices into `units`.
+// UsageError naming both for a borrowed name that is not among them.
+std::vector<std::size_t> visit_units(std::span<const UnitSpec> units, std::size_t unit);
 
 }  // namespace zero3

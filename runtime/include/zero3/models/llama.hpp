@@ -34,9 +34,9 @@ struct LlamaConfig {
   int intermediate = 0;  // intermediate_size of the SwiGLU MLP
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
-  bool qkv_bias = false;  // q, k and v projections carry biases (Qwen2; Llama's attention_bias)
-  bool o_bias = false;    // o_proj carries a bias (Llama's attention_bias)
-  bool tie_word_embeddings = false;
+  bool qkv_bias = false;             // q, k and v projections carry biases (Qwen2; Llama's attention_bias)
+  bool o_bias = false;               // o_proj carries a bias (Llama's attention_bias)
+  bool tie_word_embeddings = false;  // the output layer is the input embedding (one param, two uses)
 
   int kv() const { return kv_heads == 0 ? heads : kv_heads; }
   int dim() const { return head_dim == 0 ? hidden / heads : head_dim; }
@@ -44,7 +44,7 @@ struct LlamaConfig {
 
 // ConfigError naming the field (zero3.model.<name>) for a config no model can be built from: a
 // non-positive size, heads not a multiple of kv_heads, an odd head_dim, hidden not a multiple of heads
-// without head_dim, tie_word_embeddings (not implemented: a param would belong to two units).
+// without head_dim.
 void validate(const LlamaConfig& config);
 
 // Units in forward order, params in the order LlamaModel takes them; weights [out, in] as nn.Linear:
@@ -54,7 +54,10 @@ void validate(const LlamaConfig& config);
 //                [hidden, heads dim], .post_attention_layernorm.weight [hidden], .mlp.gate_proj.weight and
 //                .mlp.up_proj.weight [intermediate, hidden], .mlp.down_proj.weight [hidden, intermediate];
 //                then, when configured, q_proj.bias, k_proj.bias, v_proj.bias (qkv_bias) and o_proj.bias.
-//   "head":      model.norm.weight [hidden], lm_head.weight [vocab, hidden]
+//   "head":      model.norm.weight [hidden], lm_head.weight [vocab, hidden]; with tie_word_embeddings only
+//                model.norm.weight, and the unit borrows "embed" (UnitSpec::borrows): the model takes the
+//                embedding as the head's second param and writes the output layer's gradient into the
+//                embedding's second gradient buffer, which the engine adds to the embedding's own.
 // Matrices and the embedding start normal(0, 0.02) as transformers initializes them, norms at one, biases at
 // zero; norms and biases take no weight decay.
 std::vector<UnitSpec> llama_units(const LlamaConfig& config);

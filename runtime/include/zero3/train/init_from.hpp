@@ -8,9 +8,9 @@
 //   std::vector<zero3::UnitSpec> units = model.units();
 //   zero3::train::init_from_checkpoint(units, "Llama-3.2-1B/");   // before engine.add_unit(...)
 //
-// Hugging Face's tied checkpoints hold no lm_head.weight: it then starts as a copy of
-// model.embed_tokens.weight (the model unties them). Rotary inv_freq buffers some checkpoints carry are
-// skipped.
+// Hugging Face's tied checkpoints hold no lm_head.weight: an untied model's then starts as a copy of
+// model.embed_tokens.weight. A tied model (no lm_head.weight param) skips a stored lm_head.weight, as
+// transformers does. Rotary inv_freq buffers some checkpoints carry are skipped.
 #pragma once
 
 #include <filesystem>

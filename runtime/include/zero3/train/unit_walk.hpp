@@ -26,8 +26,9 @@
 namespace zero3::train {
 
 // One unit's buffers while a walk visits it. params[k] and grads[k] belong to the unit's k-th param (its
-// UnitSpec order); grads is empty in forward, and grads[k] is an empty view for a frozen param. The
-// spans live only during the callback: work enqueued on a stream must capture copies of the views.
+// UnitSpec order), followed by the params of the units it borrows (UnitSpec::borrows, in that order);
+// grads is empty in forward, and grads[k] is an empty view for a frozen param. The spans live only during
+// the callback: work enqueued on a stream must capture copies of the views.
 struct UnitViews {
   std::size_t unit = 0;
   std::span<const BufferView> params;
@@ -53,6 +54,9 @@ void walk_backward(UnitSource& source, const UnitFn& fn);
 // in forward order (they must outlive this object).
 class EngineUnits final : public UnitSource {
  public:
+  // A visit gathers the unit and then each unit it borrows (nested scopes), and in backward opens their
+  // GradScopes in the same order; a borrowed unit's gradients of this visit reduce into its accumulators
+  // when the visit ends, adding to those of its own visit.
   // With memory_breakdown, each visit is a phase of the engine's memory tracker, entered before the gather:
   // "<forward_phase> <unit>" without gradients ("forward", or "held-out" for an evaluation pass),
   // "backward <unit>" with them.
