@@ -17,6 +17,7 @@
 #include "host_gemm.hpp"
 #include "host_parallel.hpp"
 #include "llama_ops.hpp"
+#include "llama_params.hpp"
 #include "unit_linear.hpp"
 #include "zero3/core/error.hpp"
 
@@ -30,20 +31,6 @@ constexpr std::size_t kEmbedParams = 1;
 constexpr std::size_t kHeadParams = 2;
 constexpr Index kEmbedRowChunk = 16;
 constexpr Index kEmbedColChunk = 32;
-
-// Param positions within a layer unit, in llama_units() order; optional biases follow.
-enum LayerParam : std::size_t {
-  kNorm1,
-  kQProj,
-  kKProj,
-  kVProj,
-  kOProj,
-  kNorm2,
-  kGateProj,
-  kUpProj,
-  kDownProj,
-  kFixedLayerParams,
-};
 
 Index idx(int v) {
   return static_cast<Index>(v);
@@ -206,7 +193,7 @@ void LlamaModel<T>::check_unit_params(const char* what, std::size_t unit, std::s
 template <typename T>
 bool LlamaModel<T>::bf16_operand(std::size_t unit, std::size_t k) const {
   if (unit == 0 || unit >= num_units()) return false;
-  if (unit + 1 == num_units()) return k == 1;  // lm_head.weight
+  if (unit + 1 == num_units()) return k == kOutput;  // lm_head.weight or the tied embedding
   return k == kQProj || k == kKProj || k == kVProj || k == kOProj || k == kGateProj || k == kUpProj || k == kDownProj;
 }
 

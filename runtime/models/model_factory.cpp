@@ -6,6 +6,7 @@
 #include "zero3/models/gpt.hpp"
 #include "zero3/models/gpt_cuda.hpp"
 #include "zero3/models/llama.hpp"
+#include "zero3/models/llama_cuda.hpp"
 #include "zero3/models/mlp.hpp"
 
 namespace zero3::models {
@@ -88,12 +89,8 @@ std::unique_ptr<UnitModel> make_train_model(const config::ModelSettings& model, 
     return make_host_mlp(mlp_config(model));
   }
   if (model.type == config::ModelType::llama) {
-    if (device.kind() != DeviceKind::host) {
-      throw ConfigError(
-          "zero3.model.type: the llama model is computed on the host only (its CUDA kernels are not implemented); "
-          "use \"zero3\": {\"device\": \"host\"}");
-    }
-    return make_host_llama(llama_config(model));
+    if (device.kind() == DeviceKind::host) return make_host_llama(llama_config(model));
+    return make_cuda_llama(llama_config(model), device);
   }
   if (device.kind() == DeviceKind::host) return make_host_gpt(gpt_config(model));
   return make_cuda_gpt(gpt_config(model), device);

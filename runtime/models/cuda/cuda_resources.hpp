@@ -1,4 +1,4 @@
-// RAII owners of the CUDA resources the CUDA GPT holds (device and pinned memory, events, the cuBLAS
+// RAII owners of the CUDA resources the CUDA models hold (device and pinned memory, events, the cuBLAS
 // handle), a current-device guard, and the carver that splits one allocation into aligned views. Private
 // to runtime/models/cuda; host code (compiled by the host compiler).
 #pragma once
@@ -52,7 +52,7 @@ class CudaArray {
       std::size_t total_bytes = 0;
       if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
       throw OutOfMemory(fmt::format(
-          "CUDA GPT: cannot allocate {} bytes of {} memory for activations and scratch ({} of {} bytes of device "
+          "CUDA model: cannot allocate {} bytes of {} memory for activations and scratch ({} of {} bytes of device "
           "memory free); lower train_micro_batch_size_per_gpu or zero3.model.seq_len",
           size_bytes, kind == Kind::device ? "device" : "pinned host", free_bytes, total_bytes));
     }

@@ -13,7 +13,8 @@ __global__ void embedding_forward_kernel(const P* __restrict__ wte, const P* __r
     const std::size_t k = i % static_cast<std::size_t>(d);
     const std::size_t t = r % static_cast<std::size_t>(len);
     const std::size_t token = static_cast<std::size_t>(tokens[r]);
-    out[i] = load_f32(wte[token * d + k]) + load_f32(wpe[t * d + k]);
+    const float e = load_f32(wte[token * d + k]);
+    out[i] = wpe != nullptr ? e + load_f32(wpe[t * d + k]) : e;
   }
 }
 
@@ -69,6 +70,7 @@ void embedding_backward(cudaStream_t stream, DType grad_dtype, const float* dout
           dout, token_rows.uniq, token_rows.offsets, token_rows.row_index, static_cast<G*>(dwte), d);
       ZERO3_CUDA_CHECK_LAUNCH();
     }
+    if (dwpe == nullptr) return;
     const std::size_t n = static_cast<std::size_t>(len) * d;
     position_grad_kernel<G><<<grid_for(n), kThreads, 0, stream>>>(dout, static_cast<G*>(dwpe), batch, len, d);
   });

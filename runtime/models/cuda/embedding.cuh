@@ -1,4 +1,5 @@
-// The GPT's embedding on the device: token and position lookup, and its deterministic backward.
+// The decoders' embedding on the device: token (and, for the GPT, learned position) lookup, and its
+// deterministic backward.
 // Launchers are host functions (non-blocking, enqueued on `stream`); arguments are trusted (checked by
 // the model). Token ids are int32 device arrays.
 #pragma once
@@ -12,7 +13,7 @@
 namespace zero3::models::gpu {
 
 // out[r, :] = wte[tokens[r], :] + wpe[r % len, :] for the rows = batch * len positions; wte and wpe are
-// of `param_dtype`, out fp32 [rows, d].
+// of `param_dtype`, out fp32 [rows, d]. A null wpe (no learned positions, as the Llama's) adds nothing.
 void embedding_forward(cudaStream_t stream, DType param_dtype, const void* wte, const void* wpe,
                        const std::int32_t* tokens, float* out, int rows, int len, int d);
 
@@ -27,7 +28,7 @@ struct TokenRows {
 
 // dwte[v, :] += sum of dout over the rows whose token is v; dwpe[t, :] += sum over sequences of dout at
 // position t. Each element is summed by one thread in a fixed order (no atomics): the same bits every run.
-// Gradients are of `grad_dtype`, dout fp32 [batch * len, d].
+// Gradients are of `grad_dtype`, dout fp32 [batch * len, d]. A null dwpe skips the position gradient.
 void embedding_backward(cudaStream_t stream, DType grad_dtype, const float* dout, const TokenRows& token_rows,
                         void* dwte, void* dwpe, int batch, int len, int d);
 
