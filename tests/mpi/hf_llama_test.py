@@ -18,8 +18,8 @@ description) with random weights, and a token file, then checks:
   4. bad input: a tensor missing, one of the wrong shape and one the model lacks are errors naming the
      file and the tensor;
   5. ranged loading: initializing a ~100 MB model from its checkpoint raises each rank's peak resident
-     memory, over the same job initialized at random, by less than a quarter of the checkpoint's size
-     (DeepSpeed's ranks each load the whole file first).
+     memory, over the same job initialized at random, by less than half of the checkpoint's size (the least
+     of three runs of each; DeepSpeed's ranks each load the whole file first).
 Exit 77 (skipped) without numpy.
 """
 import json
@@ -368,17 +368,24 @@ def check_ranged_loading(tmp):
     size = os.path.getsize(os.path.join(model_dir, "model.safetensors"))
     tokens = os.path.join(tmp, "big.tok")
     write_tokens(tokens, np.random.default_rng(3).integers(0, c["vocab_size"], 2000).tolist(), c["vocab_size"])
-    config = job_config(model_dir, tokens, 0.0, 1)
-    with_init = peak_rss_kb(tmp, "rss_init_from", config)
-    del config["zero3"]["model"]["init_from"]
-    without = peak_rss_kb(tmp, "rss_random", config)
-    if with_init is None or without is None:
+    with_init_config = job_config(model_dir, tokens, 0.0, 1)
+    random_config = job_config(model_dir, tokens, 0.0, 1)
+    del random_config["zero3"]["model"]["init_from"]
+    # A job's peak RSS moves by some 25 MiB from run to run on a loaded machine: three runs of each,
+    # interleaved, and the least of each.
+    with_init, without = [], []
+    for i in range(3):
+        with_init.append(peak_rss_kb(tmp, f"rss_init_from{i}", with_init_config))
+        without.append(peak_rss_kb(tmp, f"rss_random{i}", random_config))
+    if None in with_init or None in without:
         return
-    extra = (with_init - without) * 1024
-    print(f"ranged loading: checkpoint {size / 2**20:.1f} MiB; peak RSS per rank {with_init / 1024:.1f} MiB with "
-          f"init_from, {without / 1024:.1f} MiB initialized at random: {extra / 2**20:+.1f} MiB for the import")
-    if extra > size / 4:
-        fail(f"init_from raised a rank's peak memory by {extra / 2**20:.1f} MiB, over a quarter of the "
+    extra = (min(with_init) - min(without)) * 1024
+    print(f"ranged loading: checkpoint {size / 2**20:.1f} MiB; peak RSS per rank, least of 3 runs, "
+          f"{min(with_init) / 1024:.1f} MiB with init_from, {min(without) / 1024:.1f} MiB initialized at random: "
+          f"{extra / 2**20:+.1f} MiB for the import (runs: {[round(k / 1024, 1) for k in with_init]} and "
+          f"{[round(k / 1024, 1) for k in without]} MiB)")
+    if extra > size / 2:
+        fail(f"init_from raised a rank's peak memory by {extra / 2**20:.1f} MiB, over half of the "
              f"{size / 2**20:.1f} MiB checkpoint")
 
 
