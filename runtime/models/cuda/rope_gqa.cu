@@ -13,6 +13,20 @@ __device__ __forceinline__ void rotate_pair(const float* x, float* y, int j, int
   y[j + half] = b * c + a * s;
 }
 
+// Thread i's pair j of head h (one of `heads`) in row r, and the index of its angle in the rotary table.
+struct PairAt {
+  int j;
+  int h;
+  std::size_t r;
+  std::size_t angle;
+};
+__device__ __forceinline__ PairAt pair_at(std::size_t i, int half, int heads, int len) {
+  const auto pairs = static_cast<std::size_t>(half);
+  const std::size_t r = i / (pairs * static_cast<std::size_t>(heads));
+  return {static_cast<int>(i % pairs), static_cast<int>(i / pairs % static_cast<std::size_t>(heads)), r,
+          (r % static_cast<std::size_t>(len)) * pairs + i % pairs};
+}
+
 // One thread per (row, query head, pair): its q pair rotated, its kv head's k pair rotated, its v pair.
 __global__ void gqa_pack_kernel(GqaShape sh, const float* __restrict__ q, const float* __restrict__ k,
                                 const float* __restrict__ v, float* __restrict__ qkv, const float* __restrict__ cos,
@@ -22,10 +36,7 @@ __global__ void gqa_pack_kernel(GqaShape sh, const float* __restrict__ q, const 
   const std::size_t q_width = static_cast<std::size_t>(sh.heads) * sh.head_dim;
   const std::size_t kv_width = static_cast<std::size_t>(sh.kv_heads) * sh.head_dim;
   for (std::size_t i = first_index(); i < n; i += grid_stride()) {
-    const int j = static_cast<int>(i % static_cast<std::size_t>(half));
-    const int h = static_cast<int>(i / static_cast<std::size_t>(half) % static_cast<std::size_t>(sh.heads));
-    const std::size_t r = i / (static_cast<std::size_t>(half) * sh.heads);
-    const std::size_t angle = (r % static_cast<std::size_t>(sh.len)) * half + j;
+    const auto [j, h, r, angle] = pair_at(i, half, sh.heads, sh.len);
     const float c = cos[angle];
     const float s = sin[angle];
     const std::size_t kv_at = r * kv_width + static_cast<std::size_t>(h / group) * sh.head_dim;
@@ -43,10 +54,7 @@ __global__ void gqa_unpack_q_kernel(GqaShape sh, const float* __restrict__ dqkv,
   const int half = sh.head_dim / 2;
   const std::size_t q_width = static_cast<std::size_t>(sh.heads) * sh.head_dim;
   for (std::size_t i = first_index(); i < n; i += grid_stride()) {
-    const int j = static_cast<int>(i % static_cast<std::size_t>(half));
-    const int h = static_cast<int>(i / static_cast<std::size_t>(half) % static_cast<std::size_t>(sh.heads));
-    const std::size_t r = i / (static_cast<std::size_t>(half) * sh.heads);
-    const std::size_t angle = (r % static_cast<std::size_t>(sh.len)) * half + j;
+    const auto [j, h, r, angle] = pair_at(i, half, sh.heads, sh.len);
     const std::size_t at = static_cast<std::size_t>(h) * sh.head_dim;
     rotate_pair(dqkv + r * 3 * q_width + at, dq + r * q_width + at, j, half, cos[angle], -sin[angle]);
   }
@@ -62,10 +70,7 @@ __global__ void gqa_unpack_kv_kernel(GqaShape sh, const float* __restrict__ dqkv
   const std::size_t q_width = static_cast<std::size_t>(sh.heads) * sh.head_dim;
   const std::size_t kv_width = static_cast<std::size_t>(sh.kv_heads) * sh.head_dim;
   for (std::size_t i = first_index(); i < n; i += grid_stride()) {
-    const int j = static_cast<int>(i % static_cast<std::size_t>(half));
-    const int kv = static_cast<int>(i / static_cast<std::size_t>(half) % static_cast<std::size_t>(sh.kv_heads));
-    const std::size_t r = i / (static_cast<std::size_t>(half) * sh.kv_heads);
-    const std::size_t angle = (r % static_cast<std::size_t>(sh.len)) * half + j;
+    const auto [j, kv, r, angle] = pair_at(i, half, sh.kv_heads, sh.len);
     const float* in = dqkv + r * 3 * q_width;
     float k_sum[2] = {0.0f, 0.0f};  // the pair (j, j + half)
     float v_sum[2] = {0.0f, 0.0f};
