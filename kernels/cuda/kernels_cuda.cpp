@@ -51,9 +51,9 @@ class StreamDeviceGuard {
 
 // A CUDA stream, and memory its kernels can reach: device memory or pinned (mapped) host memory.
 cudaStream_t checked_stream(Stream& stream, std::string_view op) {
-  ZERO3_CHECK(stream.device().kind() == DeviceKind::cuda,
+  ZERO3_CHECK(stream.device_kind() == DeviceKind::cuda,
               fmt::format("{}: CUDA kernels launched on stream '{}' of a {} device", op, stream.name(),
-                          device_kind_name(stream.device().kind())));
+                          device_kind_name(stream.device_kind())));
   return static_cast<cudaStream_t>(stream.native_handle());
 }
 

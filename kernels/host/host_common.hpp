@@ -13,7 +13,7 @@
 #include "zero3/core/buffer_view.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/error.hpp"
-#include "zero3/device/device.hpp"
+#include "zero3/core/stream.hpp"
 
 // oneTBB's own library is not built with ThreadSanitizer, so TSan cannot see the synchronization of its
 // workers and reports their writes as races. Under TSan the ops run on the stream's worker alone; the
@@ -84,9 +84,9 @@ void with_type(DType t, const Fn& fn) {
 // On a host device every memory kind is host memory. On a CUDA stream (a host function run through
 // cudaLaunchHostFunc) only host memory can be touched.
 inline void check_host_reachable(Stream& stream, std::string_view op, MemoryKind kind) {
-  ZERO3_CHECK(stream.device().kind() == DeviceKind::host || kind != MemoryKind::device,
+  ZERO3_CHECK(stream.device_kind() == DeviceKind::host || kind != MemoryKind::device,
               fmt::format("{}: the host kernels cannot touch device memory of a {} stream ('{}')", op,
-                          device_kind_name(stream.device().kind()), stream.name()));
+                          device_kind_name(stream.device_kind()), stream.name()));
 }
 
 }  // namespace zero3::kernels::host

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "zero3/core/buffer_view.hpp"
-#include "zero3/device/device.hpp"
+#include "zero3/core/stream.hpp"
 #include "zero3/kernels/kernels.hpp"
 
 namespace zero3::kernels::host {

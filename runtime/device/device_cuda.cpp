@@ -161,6 +161,10 @@ Device& CudaStream::device() {
   return device_;
 }
 
+const kernels::KernelBackend& CudaStream::kernels() const {
+  return device_.kernels();
+}
+
 void CudaStream::record(Event& event) {
   CudaEvent& cuda_event = as_cuda_event(event, name_);
   ZERO3_CHECK(&cuda_event.device() == &device_,

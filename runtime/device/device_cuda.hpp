@@ -51,6 +51,8 @@ class CudaStream final : public Stream {
   ~CudaStream() override;  // drains the stream, then destroys it
 
   Device& device() override;
+  DeviceKind device_kind() const override { return DeviceKind::cuda; }
+  const kernels::KernelBackend& kernels() const override;
   std::string_view name() const override { return name_; }
   void record(Event& event) override;
   void wait(Event& event) override;

@@ -57,6 +57,8 @@ class HostStream final : public Stream {
   ~HostStream() override;  // drains queued work, then joins the worker
 
   Device& device() override { return device_; }
+  DeviceKind device_kind() const override { return device_.kind(); }
+  const kernels::KernelBackend& kernels() const override { return device_.kernels(); }
   std::string_view name() const override { return name_; }
   void record(Event& event) override;
   void wait(Event& event) override;

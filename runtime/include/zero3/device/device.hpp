@@ -1,4 +1,5 @@
-// Device, Stream, Event and Buffer: the narrow interface the engine uses for memory and ordering.
+// Device and Buffer (with Stream and Event, zero3/core/stream.hpp): the narrow interface the engine uses for
+// memory and ordering.
 // Two backends: host (a simulated device in host memory whose streams are in-order queues run by
 // their own worker threads, so ordering bugs show up on a CPU) and cuda. Every allocation goes
 // through Device::allocate and is accounted in the device's MemoryTracker by kind and category.
@@ -15,53 +16,9 @@
 
 #include "zero3/core/buffer_view.hpp"
 #include "zero3/core/memory.hpp"
+#include "zero3/core/stream.hpp"
 
 namespace zero3 {
-
-namespace kernels {
-class KernelBackend;
-}
-
-class Device;
-
-enum class DeviceKind { host, cuda };
-inline constexpr std::string_view device_kind_name(DeviceKind k) {
-  return k == DeviceKind::host ? "host" : "cuda";
-}
-
-// Marks a point in a stream. Like a CUDA event: wait()/query() refer to the most recent record() made
-// before the call; an event never recorded counts as complete.
-class Event {
- public:
-  virtual ~Event() = default;
-  // Non-blocking: true when the work captured by the last record() has completed.
-  virtual bool query() = 0;
-  // Blocks the calling host thread until the work captured by the last record() has completed.
-  virtual void synchronize() = 0;
-};
-
-// An in-order queue of device work. Work enqueued on one stream runs in enqueue order; work on
-// different streams is unordered unless joined through events.
-class Stream {
- public:
-  virtual ~Stream() = default;
-  virtual Device& device() = 0;
-  virtual std::string_view name() const = 0;
-  // Non-blocking: `event` completes once everything enqueued on this stream so far has completed.
-  virtual void record(Event& event) = 0;
-  // Non-blocking: work enqueued on this stream after this call starts only after `event` completes
-  // (as recorded at the time of this call).
-  virtual void wait(Event& event) = 0;
-  // Blocks until all work enqueued so far has completed. Rethrows the first error raised by a host
-  // function on this stream (errors are sticky: the stream stays failed, as a CUDA stream would).
-  virtual void synchronize() = 0;
-  // Non-blocking: runs `fn` on a host thread in stream order (host backend: the stream's worker; cuda:
-  // cudaLaunchHostFunc). On cuda, `fn` must not call CUDA APIs. An exception from `fn` makes the stream
-  // failed (see synchronize).
-  virtual void launch_host(std::function<void()> fn) = 0;
-  // cudaStream_t for cuda, nullptr for host.
-  virtual void* native_handle() = 0;
-};
 
 // Move-only owner of one typed allocation; frees it (and updates the accounting) on destruction.
 // The owner must keep a buffer alive until work that uses it has completed.

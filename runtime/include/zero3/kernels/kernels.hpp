@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "zero3/core/buffer_view.hpp"
-#include "zero3/device/device.hpp"
+#include "zero3/core/stream.hpp"
 
 namespace zero3::kernels {
 
@@ -76,21 +76,21 @@ class KernelBackend {
 const KernelBackend& host_backend();
 const KernelBackend& cuda_backend();
 
-// Dispatch through the stream's device.
+// Dispatch to the kernels of the stream's device.
 inline void cast(Stream& s, BufferView dst, ConstBufferView src) {
-  s.device().kernels().cast(s, dst, src);
+  s.kernels().cast(s, dst, src);
 }
 inline void scale(Stream& s, BufferView x, float alpha) {
-  s.device().kernels().scale(s, x, alpha);
+  s.kernels().scale(s, x, alpha);
 }
 inline void sum_squares(Stream& s, ConstBufferView x, BufferView out, bool accumulate) {
-  s.device().kernels().sum_squares(s, x, out, accumulate);
+  s.kernels().sum_squares(s, x, out, accumulate);
 }
 inline void nonfinite_check(Stream& s, ConstBufferView x, BufferView flag) {
-  s.device().kernels().nonfinite_check(s, x, flag);
+  s.kernels().nonfinite_check(s, x, flag);
 }
 inline void fill(Stream& s, BufferView x, float value) {
-  s.device().kernels().fill(s, x, value);
+  s.kernels().fill(s, x, value);
 }
 
 }  // namespace zero3::kernels
