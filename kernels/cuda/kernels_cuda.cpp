@@ -174,17 +174,6 @@ class CudaKernelBackend final : public KernelBackend {
 
 }  // namespace zero3::kernels
 
-namespace zero3::detail {
-
-void warn_cuda_failure(const char* statement, cudaError_t status, const char* file, int line) noexcept {
-  try {
-    log::warn("{} failed: {}: {} ({}:{})", statement, cudaGetErrorName(status), cudaGetErrorString(status), file, line);
-  } catch (...) {  // a failing log line must not turn a no-throw path into a throwing one
-  }
-}
-
-}  // namespace zero3::detail
-
 namespace zero3::kernels {
 
 const KernelBackend& cuda_backend() {

@@ -10,6 +10,7 @@
 #include "nccl_check.hpp"
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/core/log.hpp"
+#include "zero3_cuda_check.hpp"
 
 namespace zero3::comm {
 namespace {
@@ -18,12 +19,12 @@ namespace {
 class CudaDeviceScope {
  public:
   explicit CudaDeviceScope(int device) {
-    ZERO3_COMM_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) ZERO3_COMM_CUDA_CHECK(cudaSetDevice(device));
+    ZERO3_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) ZERO3_CUDA_CHECK(cudaSetDevice(device));
     changed_ = previous_ != device;
   }
   ~CudaDeviceScope() {
-    if (changed_) ZERO3_COMM_CUDA_CHECK_NOTHROW(cudaSetDevice(previous_));
+    if (changed_) ZERO3_CUDA_CHECK_NOTHROW(cudaSetDevice(previous_));
   }
   CudaDeviceScope(const CudaDeviceScope&) = delete;
   CudaDeviceScope& operator=(const CudaDeviceScope&) = delete;
@@ -65,7 +66,7 @@ class NcclWork final : public Work {
  public:
   NcclWork(CollectiveInfo info, cudaEvent_t event, std::shared_ptr<NcclCommHandle> comm, int rank, int size)
       : info_(std::move(info)), event_(event), comm_(std::move(comm)), rank_(rank), size_(size) {}
-  ~NcclWork() override { ZERO3_COMM_CUDA_CHECK_NOTHROW(cudaEventDestroy(event_)); }
+  ~NcclWork() override { ZERO3_CUDA_CHECK_NOTHROW(cudaEventDestroy(event_)); }
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
 
@@ -132,7 +133,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Bootstrap> bootstrap, Device&
   int cuda_device = 0;
   {
     std::unique_ptr<Stream> probe = device.create_stream("zero3-nccl-init");
-    ZERO3_COMM_CUDA_CHECK(cudaStreamGetDevice(cuda_stream(*probe), &cuda_device));
+    ZERO3_CUDA_CHECK(cudaStreamGetDevice(cuda_stream(*probe), &cuda_device));
   }
   CudaDeviceScope scope(cuda_device);
 
@@ -183,12 +184,12 @@ std::shared_ptr<Work> NcclCommunicator::launch(const CollectiveInfo& info, Strea
   CudaDeviceScope scope(comm_->cuda_device());
   cudaEvent_t event = nullptr;
   // Created before the collective, so a failure here leaves nothing enqueued.
-  ZERO3_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync));
+  ZERO3_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync));
   auto work = std::make_shared<NcclWork>(info, event, comm_, rank(), size());
   collective(cuda_stream(stream));
   // A record failure after an enqueued collective cannot give the sequence number back; it is a CUDA
   // error of the whole context, which every later call reports too.
-  ZERO3_COMM_CUDA_CHECK(cudaEventRecord(event, cuda_stream(stream)));
+  ZERO3_CUDA_CHECK(cudaEventRecord(event, cuda_stream(stream)));
   return work;
 }
 

@@ -1,5 +1,5 @@
 // The CUDA accumulate and optimizer steps against the host backend on the same inputs, bit for bit: both
-// run the per-element code of kernels/optim_math.hpp with the same fp32 coefficients, one IEEE
+// run the per-element code of kernels/math/optim_math.hpp with the same fp32 coefficients, one IEEE
 // operation at a time (the _rn intrinsics on the device, -ffp-contract=off on the host). The only
 // freedom is the bits of a NaN result (GPU arithmetic makes canonical NaNs), which must just be NaN.
 // Several steps run back to back on each side, so the state evolves on both. Skipped (exit 77) without

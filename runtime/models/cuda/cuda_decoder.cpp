@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "attention_softmax.cuh"
-#include "cast.cuh"  // zero3::kernels::gpu::launch_cast (kernels/cuda)
+#include "cast.cuh"  // zero3::kernels::gpu::launch_cast (kernels/cuda_common)
 #include "linear_aux.cuh"
 #include "zero3/core/error.hpp"
 #include "zero3_cuda_check.hpp"

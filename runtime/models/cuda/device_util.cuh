@@ -1,5 +1,5 @@
 // Device-side helpers of the GPT's CUDA kernels: dispatch from a DType to the element type, fp32 loads and
-// stores of the param types (kernels/cuda/common.cuh), and warp, block and column reductions in a fixed
+// stores of the param types (kernels/cuda_common/common.cuh), and warp, block and column reductions in a fixed
 // order, so that every kernel gives the same bits on every run. Included by runtime/models/cuda/*.cu only.
 #pragma once
 

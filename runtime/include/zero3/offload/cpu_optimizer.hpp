@@ -1,6 +1,6 @@
 // The CPU side of optimizer offload: fused optimizer steps and gradient accumulation over host memory,
 // vectorized with AVX-512, AVX2 or scalar code chosen at run time, and a thread pool that runs them over
-// cache-sized tiles. The per-element arithmetic is kernels/optim_math.hpp's, in the same order and without
+// cache-sized tiles. The per-element arithmetic is kernels/math/optim_math.hpp's, in the same order and without
 // FMA contraction, so every path gives the same bits as the scalar path and as the device kernels (where
 // two different NaNs meet in one operation, which one comes out is unspecified: the result is a NaN).
 // The range functions are single-threaded and reentrant; CpuThreadPool may be used from one thread at a time.

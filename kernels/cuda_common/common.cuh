@@ -1,5 +1,6 @@
 // Shared pieces of the CUDA kernels: element load/store through fp32 with round-to-nearest-even, launch
-// geometry. Private to kernels/cuda; included by .cu files only.
+// geometry. Shared by the element-wise kernels (kernels/cuda) and the models' kernels (runtime/models/cuda);
+// private to zero3's CUDA targets (zero3_cuda_common); included by .cu files only.
 #pragma once
 
 #include <cuda_bf16.h>

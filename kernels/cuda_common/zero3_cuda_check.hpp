@@ -1,6 +1,6 @@
 // Check macros for CUDA runtime and cuBLAS calls, derived from ZERO3_CHECK_CALL: a failing call throws
 // zero3::CudaError naming the statement, the error (name and text), the file and the line.
-// Private to the CUDA backend targets (exported by zero3_kernels_cuda); public headers never include it.
+// Private to zero3's CUDA-built sources (target zero3_cuda_common); public headers never include it.
 // Safe in .cu files: it pulls in no fmt (nvcc 13's C++20 mode cannot compile fmt 9's headers).
 // ZERO3_CUBLAS_CHECK needs <cublas_v2.h> included by the file that uses it.
 #pragma once
@@ -17,7 +17,7 @@
                    std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status))
 
 namespace zero3::detail {
-// Logs "<statement> failed: <error> (file:line)" as a warning (defined in kernels_cuda.cpp, so that this
+// Logs "<statement> failed: <error> (file:line)" as a warning (defined in cuda_check.cpp, so that this
 // header stays free of fmt, which nvcc's C++20 front end cannot compile).
 void warn_cuda_failure(const char* statement, cudaError_t status, const char* file, int line) noexcept;
 }  // namespace zero3::detail
