@@ -15,7 +15,7 @@ set(ZERO3_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/zero3)
 # zero3_warnings is linked as $<BUILD_INTERFACE:...> (Zero3Options) and never leaves the build tree.
 # A library's PUBLIC include directories in the source or build tree must be $<BUILD_INTERFACE:...>.
 set(ZERO3_INSTALL_LIBRARIES
-  zero3_runtime zero3_core zero3_device zero3_kernels_host zero3_kernels_cuda zero3_comm zero3_config
+  zero3_runtime zero3_core zero3_units zero3_device zero3_kernels_host zero3_kernels_cuda zero3_comm zero3_config
   zero3_optim zero3_engine zero3_offload zero3_ckpt zero3_checkpointer zero3_data zero3_train)
 
 # zero3_install_closure(out targets...): the non-imported targets reachable from `targets` through

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "zero3/config/config.hpp"
-#include "zero3/engine/unit_spec.hpp"
+#include "zero3/units/unit_spec.hpp"
 
 namespace zero3::engine {
 

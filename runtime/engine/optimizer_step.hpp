@@ -23,10 +23,10 @@
 #include "zero3/comm/communicator.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/engine/state.hpp"
-#include "zero3/engine/unit_spec.hpp"
 #include "zero3/kernels/kernels.hpp"
 #include "zero3/optim/loss_scaler.hpp"
 #include "zero3/optim/lr_schedule.hpp"
+#include "zero3/units/unit_spec.hpp"
 
 namespace zero3::engine {
 

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/ckpt/checkpointer.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/train/memory_report.hpp"

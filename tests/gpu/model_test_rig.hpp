@@ -17,8 +17,8 @@
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/rng.hpp"
 #include "zero3/device/device.hpp"
-#include "zero3/engine/unit_spec.hpp"
 #include "zero3/models/unit_model.hpp"
+#include "zero3/units/unit_spec.hpp"
 
 namespace zero3::test {
 

@@ -60,7 +60,7 @@
 #include "zero3/engine/resources.hpp"
 #include "zero3/engine/state.hpp"
 #include "zero3/engine/stats.hpp"
-#include "zero3/engine/unit_spec.hpp"
+#include "zero3/units/unit_spec.hpp"
 
 namespace zero3 {
 

@@ -29,7 +29,7 @@
 #include "zero3/config/config.hpp"
 #include "zero3/core/memory.hpp"
 #include "zero3/device/device.hpp"
-#include "zero3/engine/unit_spec.hpp"
+#include "zero3/units/unit_spec.hpp"
 
 namespace zero3 {
 

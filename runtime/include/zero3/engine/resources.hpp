@@ -3,10 +3,13 @@
 
 #include <memory>
 
-#include "zero3/comm/communicator.hpp"
-#include "zero3/device/device.hpp"
-
 namespace zero3 {
+
+class Device;  // zero3/device/device.hpp
+namespace comm {
+class Bootstrap;  // zero3/comm/communicator.hpp
+class Communicator;
+}  // namespace comm
 
 struct EngineResources {
   std::shared_ptr<Device> device;

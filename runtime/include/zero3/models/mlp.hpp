@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "zero3/engine/engine.hpp"
 #include "zero3/models/unit_model.hpp"
+#include "zero3/units/unit_spec.hpp"
 
 namespace zero3::models {
 

@@ -19,7 +19,7 @@
 #include "zero3/core/buffer_view.hpp"
 #include "zero3/core/memory.hpp"
 #include "zero3/device/device.hpp"
-#include "zero3/engine/engine.hpp"
+#include "zero3/units/unit_spec.hpp"
 
 namespace zero3::models {
 

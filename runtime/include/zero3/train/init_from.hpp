@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "zero3/engine/unit_spec.hpp"
+#include "zero3/units/unit_spec.hpp"
 
 namespace zero3::train {
 

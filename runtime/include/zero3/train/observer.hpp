@@ -11,9 +11,14 @@
 #include <optional>
 #include <vector>
 
-#include "zero3/ckpt/checkpointer.hpp"
-#include "zero3/engine/engine.hpp"
+#include "zero3/core/memory.hpp"
+#include "zero3/engine/stats.hpp"
 #include "zero3/train/unit_trainer.hpp"
+
+namespace zero3::ckpt {
+struct LoadResult;  // zero3/ckpt/checkpointer.hpp
+struct SaveReport;
+}  // namespace zero3::ckpt
 
 namespace zero3::train {
 

@@ -1,5 +1,6 @@
-// What a trainer declares to the engine (Engine::add_unit): units, their params, and how each param's
-// initial values are made.
+// What a trainer declares to the engine (Engine::add_unit) and a model computes unit by unit: units, their
+// params, and how each param's initial values are made. Below the engine (target zero3_units), so that models
+// and planners describe their units without linking the engine.
 #pragma once
 
 #include <cstddef>
