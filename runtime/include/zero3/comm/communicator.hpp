@@ -23,7 +23,17 @@
 namespace zero3::comm {
 
 enum class ReduceOp { sum, avg, max };
-std::string_view reduce_op_name(ReduceOp op);
+constexpr std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+  }
+  return "?";
+}
 
 struct CollectiveInfo {
   std::uint64_t seq = 0;  // per communicator, starting at 1, identical across ranks for the same call

@@ -78,7 +78,7 @@ class ProgressChannel {
 };
 
 // The job's out-of-band channel: the progress store (a TCP server on rank 0 that admits only holders of
-// the job's secret; runtime/comm/progress_store.hpp), its endpoint broadcast through the bootstrap.
+// the job's secret; runtime/comm/health/progress_store.hpp), its endpoint broadcast through the bootstrap.
 // `single_host`: every rank runs on this host (the server binds the loopback address). Collective over
 // all ranks; null with one rank. Throws CommError when rank 0 cannot listen.
 std::shared_ptr<ProgressChannel> make_progress_channel(Bootstrap& bootstrap, bool single_host);
