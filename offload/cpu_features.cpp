@@ -10,13 +10,13 @@
 #include <string>
 
 #include "cpu_optimizer_paths.hpp"
+#include "zero3/core/env.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/offload/cpu_optimizer.hpp"
 
 namespace zero3::offload {
 namespace {
 
-constexpr const char* kEnvVar = "ZERO3_CPU_SIMD";
 constexpr SimdPath kAllPaths[] = {SimdPath::scalar, SimdPath::avx2, SimdPath::avx512};
 
 // F16C (cpuid leaf 1, ECX bit 29), read directly: not every compiler's __builtin_cpu_supports knows it.
@@ -92,19 +92,19 @@ SimdPath best_simd_path() {
   for (SimdPath p : kAllPaths) {
     if (simd_path_supported(p)) widest = p;
   }
-  const char* env = std::getenv(kEnvVar);  // NOLINT(concurrency-mt-unsafe): zero3 never writes the environment
-  if (env == nullptr || *env == '\0') return widest;
-  const std::string_view asked(env);
+  const std::optional<std::string> asked_env = env::get(env::kCpuSimd);
+  if (!asked_env || asked_env->empty()) return widest;
+  const std::string_view asked(*asked_env);
   for (SimdPath p : kAllPaths) {
     if (asked != simd_path_name(p)) continue;
     if (!simd_path_supported(p)) {
       throw Error(fmt::format("{}={} asks for a SIMD path this CPU (or this build) does not support; it supports: {}",
-                              kEnvVar, asked, supported_list()));
+                              env::kCpuSimd, asked, supported_list()));
     }
     return p;
   }
-  throw Error(fmt::format("{}='{}' is not a SIMD path: use scalar, avx2 or avx512 (this CPU supports: {})", kEnvVar,
-                          asked, supported_list()));
+  throw Error(fmt::format("{}='{}' is not a SIMD path: use scalar, avx2 or avx512 (this CPU supports: {})",
+                          env::kCpuSimd, asked, supported_list()));
 }
 
 }  // namespace zero3::offload

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "zero3/core/env.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::comm::fault {
@@ -89,8 +90,8 @@ Spec parse(std::string_view text, std::string_view source) {
 
 const Spec& active() {
   static const Spec spec = [] {
-    const char* v = std::getenv("ZERO3_FAULT");  // NOLINT(concurrency-mt-unsafe): read once, before threads use it
-    return v == nullptr || *v == '\0' ? Spec{} : parse(v);
+    const std::optional<std::string> v = env::get(env::kFault);  // read once, before threads use it
+    return !v || v->empty() ? Spec{} : parse(*v);
   }();
   return spec;
 }

@@ -14,6 +14,7 @@
 #include <system_error>
 
 #include "scope_guard.hpp"
+#include "zero3/core/env.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/core/trace.hpp"
@@ -190,11 +191,10 @@ namespace {
 // HostDeviceOptions::guard_scope_memory, or the environment's ZERO3_GUARD_SCOPE_MEMORY when unset.
 bool guard_requested(const HostDeviceOptions& options) {
   if (options.guard_scope_memory) return *options.guard_scope_memory;
-  // NOLINTNEXTLINE(concurrency-mt-unsafe): zero3 never writes the environment
-  const char* value = std::getenv("ZERO3_GUARD_SCOPE_MEMORY");
-  if (value == nullptr || std::string_view(value).empty() || std::string_view(value) == "0") return false;
-  if (std::string_view(value) == "1") return true;
-  throw ConfigError(fmt::format("ZERO3_GUARD_SCOPE_MEMORY: expected 1 (guard on) or 0 (off), got \"{}\"", value));
+  const std::optional<std::string> value = env::get(env::kGuardScopeMemory);
+  if (!value || value->empty() || *value == "0") return false;
+  if (*value == "1") return true;
+  throw ConfigError(fmt::format("{}: expected 1 (guard on) or 0 (off), got \"{}\"", env::kGuardScopeMemory, *value));
 }
 }  // namespace
 

@@ -10,6 +10,7 @@
 
 #include "host_gemm_onednn.hpp"
 #include "host_parallel.hpp"
+#include "zero3/core/env.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models::gemm {
@@ -57,8 +58,8 @@ void split(bool ta, bool tb, Index m, Index n, Index k, const TA* a, Index lda, 
 }
 
 bool bf16_env_allows() {
-  const char* v = std::getenv("ZERO3_HOST_BF16_GEMM");
-  return v == nullptr || std::strcmp(v, "0") != 0;
+  const std::optional<std::string> v = env::get(env::kHostBf16Gemm);
+  return !v || *v != "0";
 }
 
 }  // namespace
@@ -80,8 +81,8 @@ Backend f32_backend() {
   // bench_host_gemm on a Zen 5 (AVX-512): oneDNN's fp32 brgemm about 2x OpenBLAS 0.3.21's (Haswell
   // kernels) at a small GPT's shapes, single-threaded. ZERO3_HOST_GEMM_F32=openblas keeps OpenBLAS.
   static const Backend b = [] {
-    const char* v = std::getenv("ZERO3_HOST_GEMM_F32");
-    if (v != nullptr && std::strcmp(v, "openblas") == 0) return Backend::openblas;
+    const std::optional<std::string> v = env::get(env::kHostGemmF32);
+    if (v && *v == "openblas") return Backend::openblas;
     return onednn::built() ? Backend::onednn : Backend::openblas;
   }();
   return b;

@@ -1,3 +1,6 @@
 zero3_unit_test(core_rng SOURCES unit/test_rng.cpp LIBS zero3_core)
 # The event log: JSON lines and the alert command.
 zero3_unit_test(core_events SOURCES unit/test_events.cpp LIBS zero3_core nlohmann_json::nlohmann_json)
+# The environment variables: docs/environment.md against zero3/core/env.hpp.
+zero3_unit_test(env_doc SOURCES unit/test_env_doc.cpp LIBS zero3_core)
+target_compile_definitions(test_env_doc PRIVATE ZERO3_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

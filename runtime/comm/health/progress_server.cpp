@@ -25,6 +25,7 @@
 #include "hmac_sha256.hpp"
 #include "progress_protocol.hpp"
 #include "progress_store.hpp"
+#include "zero3/core/env.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 
@@ -120,8 +121,10 @@ std::string first_interface_address(std::string& interface_name) {
 std::pair<std::string, std::string> host_interface_address() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) {
-    throw CommError("progress server: gethostname failed (" + errno_text(errno) +
-                    "); set ZERO3_PROGRESS_ADDR to an address of this host that every rank can reach");
+    throw CommError(
+        fmt::format("progress server: gethostname failed ({}); set {} to an address of this host that every "
+                    "rank can reach",
+                    errno_text(errno), env::kProgressAddr));
   }
   if (std::string host = host_name_address(name); !host.empty()) {
     return {host, fmt::format("the first non-loopback address of host name '{}'", name)};
@@ -129,25 +132,20 @@ std::pair<std::string, std::string> host_interface_address() {
   std::string interface_name;
   if (std::string host = first_interface_address(interface_name); !host.empty()) {
     return {host, fmt::format("interface {}, since host name '{}' resolves to no non-loopback address; set "
-                              "ZERO3_PROGRESS_ADDR if the other hosts reach this one by another",
-                              interface_name, name)};
+                              "{} if the other hosts reach this one by another",
+                              interface_name, name, env::kProgressAddr)};
   }
   throw CommError(fmt::format(
       "progress server: neither host name '{}' nor any interface that is up has a non-loopback address; set "
-      "ZERO3_PROGRESS_ADDR to an address of this host that every rank can reach",
-      name));
+      "{} to an address of this host that every rank can reach",
+      name, env::kProgressAddr));
 }
 
 using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
 
 EnvLookup environment_or(const EnvLookup& lookup) {
   if (lookup) return lookup;
-  return [](std::string_view name) -> std::optional<std::string> {
-    // NOLINTNEXTLINE(concurrency-mt-unsafe): zero3 never sets the environment
-    const char* value = std::getenv(std::string(name).c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  };
+  return [](std::string_view name) -> std::optional<std::string> { return env::get(name); };
 }
 
 struct BindChoice {
@@ -157,14 +155,14 @@ struct BindChoice {
 };
 
 BindChoice choose_bind(const ProgressServerOptions& options) {
-  const EnvLookup env = environment_or(options.env_lookup);
+  const EnvLookup lookup = environment_or(options.env_lookup);
   BindChoice choice;
   if (!options.bind_address.empty()) {
     choice = {options.bind_address, "ProgressServerOptions::bind_address"};
   } else if (options.single_host) {
     choice = {"127.0.0.1", "every rank on this host"};
-  } else if (auto addr = env("ZERO3_PROGRESS_ADDR"); addr && !addr->empty()) {
-    choice = {*addr, "ZERO3_PROGRESS_ADDR"};
+  } else if (auto addr = lookup(env::kProgressAddr); addr && !addr->empty()) {
+    choice = {*addr, std::string(env::kProgressAddr)};
   } else {
     const auto [address, why] = host_interface_address();
     choice = {address, why};
@@ -172,13 +170,13 @@ BindChoice choose_bind(const ProgressServerOptions& options) {
   }
   choice.port = options.port;
   if (choice.port == 0) {
-    const std::string port = env("ZERO3_PROGRESS_PORT").value_or("");
+    const std::string port = lookup(env::kProgressPort).value_or("");
     if (!port.empty()) {
       unsigned value = 0;
       const char* end_of_text = port.data() + port.size();
       const auto [end, ec] = std::from_chars(port.data(), end_of_text, value);
       if (ec != std::errc() || end != end_of_text || value > 65535) {
-        throw ConfigError("ZERO3_PROGRESS_PORT='" + port + "' is not a port number (0-65535)");
+        throw ConfigError(fmt::format("{}='{}' is not a port number (0-65535)", env::kProgressPort, port));
       }
       choice.port = std::uint16_t(value);
     }

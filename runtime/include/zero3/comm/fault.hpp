@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "zero3/core/env.hpp"
+
 namespace zero3::comm::fault {
 
 enum class Kind {
@@ -29,7 +31,7 @@ struct Spec {
 
 std::string_view kind_name(Kind kind);
 // "skip_gather:rank=1:step=3:unit=2" -> Spec; ConfigError naming `source` and the offending part.
-Spec parse(std::string_view text, std::string_view source = "ZERO3_FAULT");
+Spec parse(std::string_view text, std::string_view source = env::kFault);
 // The process's fault: ZERO3_FAULT, parsed on first use (ConfigError when malformed).
 const Spec& active();
 // True exactly once: the first call whose kind, rank, step (and unit, for skip_gather) match the active
