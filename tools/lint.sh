@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Formatting check (fast, run by CI); --function-size: no function of the library (runtime/, offload/,
+# Formatting and layer checks (fast, run by CI: tools/check-layers.py); --function-size: no function of the library (runtime/, offload/,
 # kernels/) over 120 lines, clang-tidy's readability-function-size alone (CI; a few minutes on two cores);
 # --tidy: every clang-tidy check of .clang-tidy over the project's sources (slow). Both use the default
 # preset's compile_commands.json.
@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 mapfile -t sources < <(git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh')
 clang-format --dry-run -Werror "${sources[@]}"
 echo "lint: clang-format clean (${#sources[@]} files)"
+python3 tools/check-layers.py   # include paths stay in their folders; environment variables declared once
 if [ "${1:-}" = "--function-size" ]; then
   [ -f build/compile_commands.json ] || cmake --preset default >/dev/null
   mapfile -t units < <(git ls-files 'runtime/*.cpp' 'offload/*.cpp' 'kernels/*.cpp')

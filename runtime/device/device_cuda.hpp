@@ -17,7 +17,7 @@
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/device/device.hpp"
-#include "zero3_cuda_check.hpp"  // ZERO3_CUDA_CHECK(_NOTHROW), exported by zero3_kernels_cuda
+#include "zero3_cuda_check.hpp"  // ZERO3_CUDA_CHECK(_NOTHROW), from zero3_cuda_common
 
 namespace zero3 {
 

@@ -2,16 +2,13 @@
 # every param), float against double, causality, config validation, and memorization with a few Adam steps.
 if(TARGET zero3_models)
   zero3_unit_test(gpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt.cpp LIBS zero3_models fmt::fmt)
-  # Thread-count independence and the bf16 products' error bounds; reads the private gpt_ops.hpp.
+  # Thread-count independence and the bf16 products' error bounds; reads gpt_ops.hpp (zero3_models_internals).
   zero3_unit_test(gpt_host_compute SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt_host_compute.cpp
-                  LIBS zero3_models TBB::tbb fmt::fmt)
-  target_include_directories(test_gpt_host_compute PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
-  # The vectorized tanh of the host models against tanh in double; reads the private vector_math.hpp.
-  zero3_unit_test(vector_math SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vector_math.cpp LIBS zero3_models)
-  target_include_directories(test_vector_math PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
+                  LIBS zero3_models_internals TBB::tbb fmt::fmt)
+  # The vectorized tanh of the host models against tanh in double; reads vector_math.hpp (zero3_models_internals).
+  zero3_unit_test(vector_math SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vector_math.cpp LIBS zero3_models_internals)
   # The host Llama-family decoder: finite differences for every param, float vs double, causality.
-  zero3_unit_test(llama SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama.cpp LIBS zero3_models fmt::fmt)
-  target_include_directories(test_llama PRIVATE ${PROJECT_SOURCE_DIR}/runtime/models)
+  zero3_unit_test(llama SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama.cpp LIBS zero3_models_internals fmt::fmt)
   # The host Llama's logits from a Hugging Face directory, for tests/mpi/hf_llama_test.py.
   add_executable(llama_logits ${CMAKE_CURRENT_LIST_DIR}/llama_logits.cpp)
   target_link_libraries(llama_logits PRIVATE zero3_model_factory zero3_models zero3_ckpt zero3_config)
