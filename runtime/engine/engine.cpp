@@ -269,7 +269,7 @@ void Engine::Impl::check_offload_budget(const engine::Layout& built) {
   request.pinned_bytes = need.pinned_bytes;
   request.pageable_bytes = need.pageable_bytes;
   request.ranks_on_node = world.local_size;
-  request.pinning_uses_mlock = device->kind() == DeviceKind::host;
+  request.pinning_uses_mlock = device->caps().pins_by_mlock;
   request.budget_gb = config.zero3.pinned_memory_budget_gb;
   const offload::PinnedBudget budget = offload::check_pinned_budget(request, offload::read_host_memory_facts());
   offload_host = std::make_unique<engine::OffloadHost>(*device, world);
@@ -506,8 +506,7 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
     if (g.padded > 0) communicator->all_gather(mine.cview(), full.view(), *comm_stream);
     piece = full.cview().slice(p.offset, p.numel);
   }
-  const MemoryKind host_kind = device->kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
-  Buffer host = device->allocate(p.numel, source_dtype, host_kind, MemCategory::staging);
+  Buffer host = device->allocate(p.numel, source_dtype, device->caps().host_staging, MemCategory::staging);
   if (p.numel > 0) device->copy_async(host.view(), piece, *comm_stream);
   comm_stream->synchronize();  // also orders after every reduction and step enqueued so far
   std::vector<float> out(p.numel);

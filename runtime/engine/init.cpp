@@ -126,8 +126,7 @@ void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device,
   // Values are made in host staging (pinned where the device needs it for async copies), rounded to the
   // compute dtype there too (the same RNE the cast kernels use), and copied to wherever master and params
   // live: device memory, or host memory when they are offloaded.
-  const MemoryKind staging_kind =
-      device.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
+  const MemoryKind staging_kind = device.caps().host_staging;
   const std::size_t chunk = std::min(kInitChunkElems, layout.param_shard_count);
   Buffer host = device.allocate(chunk, DType::f32, staging_kind, MemCategory::staging);
   Buffer rounded = device.allocate(chunk, params.dtype, staging_kind, MemCategory::staging);

@@ -75,7 +75,7 @@ NonfiniteReport locate_nonfinite(const Layout& layout, ShardOptimizer& optimizer
                                  comm::Bootstrap& bootstrap, bool loss_nonfinite, std::int64_t step, double grad_norm) {
   stream.synchronize();
   optimizer.prepare_read();
-  const MemoryKind host_kind = device.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
+  const MemoryKind host_kind = device.caps().host_staging;
   Buffer host = device.allocate(layout.state_count, DType::f32, host_kind, MemCategory::staging);
   if (layout.state_count > 0) copy_from_pieces(device, optimizer.pieces(TensorKind::grad), 0, host.view(), stream);
   stream.synchronize();

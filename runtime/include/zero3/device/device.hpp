@@ -29,6 +29,21 @@ inline constexpr std::string_view device_kind_name(DeviceKind k) {
   return k == DeviceKind::host ? "host" : "cuda";
 }
 
+// What a backend can do, as data, so callers decide by capability instead of by DeviceKind.
+struct DeviceCaps {
+  // Where host-side staging (scalars read back, values made on the host, tensors copied out) lives: pinned
+  // where the device copies to and from the host asynchronously only out of page-locked memory (cuda);
+  // pageable where "device" memory is host memory already (host).
+  MemoryKind host_staging = MemoryKind::pinned_host;
+  // Pinned-host memory is locked with mlock, and so bound by RLIMIT_MEMLOCK (host); cuda pins with
+  // cudaHostAlloc, which that limit does not bind.
+  bool pins_by_mlock = false;
+  // Device-kind memory is addressable by host code and host libraries (MPI): true on the host backend.
+  bool device_memory_on_host = false;
+};
+// The capabilities of a backend, for planning before any device exists (the memory plan).
+DeviceCaps device_caps(DeviceKind kind);
+
 // Marks a point in a stream. Like a CUDA event: wait()/query() refer to the most recent record() made
 // before the call; an event never recorded counts as complete.
 class Event {
@@ -105,6 +120,7 @@ class Device {
   Device& operator=(const Device&) = delete;
 
   virtual DeviceKind kind() const = 0;
+  DeviceCaps caps() const { return device_caps(kind()); }
   virtual std::string description() const = 0;
   // PCI bus id of the accelerator ("0000:3b:00.0"), for NUMA placement of its host buffers; nullopt for the
   // host backend.
