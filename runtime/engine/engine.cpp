@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <string_view>
 #include <unordered_set>
 #include <utility>
@@ -13,10 +14,12 @@
 #include "engine_impl.hpp"
 #include "init.hpp"
 #include "offload_optimizer.hpp"
+#include "zero3/comm/communicator_factory.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/core/trace.hpp"
+#include "zero3/device/device_factory.hpp"
 #include "zero3/kernels/kernels.hpp"
 #include "zero3/offload/pinned_budget.hpp"
 
@@ -63,44 +66,23 @@ void check_config(const config::Config& config, const comm::World& world) {
   }
 }
 
-std::shared_ptr<Device> make_device(const config::Config& config, const comm::World& world) {
+// The engine's config as the device and communicator factories' options.
+DeviceOptions device_options(const config::Config& config, const comm::World& world) {
   using config::DeviceChoice;
-  DeviceChoice choice = config.zero3.device;
-  if (choice == DeviceChoice::automatic) choice = cuda_device_count() > 0 ? DeviceChoice::cuda : DeviceChoice::host;
-  if (choice == DeviceChoice::host) return make_host_device();
-  const int count = cuda_device_count();
-  if (count == 0) {
-    throw ConfigError(fmt::format("zero3.device: \"cuda\" but {}",
-                                  built_with_cuda() ? "no CUDA device is usable" : "zero3 was built without CUDA"));
-  }
-  return make_cuda_device(world.local_rank % count);
+  const DeviceChoice choice = config.zero3.device;
+  std::optional<DeviceKind> kind;
+  if (choice != DeviceChoice::automatic) kind = choice == DeviceChoice::cuda ? DeviceKind::cuda : DeviceKind::host;
+  return {.kind = kind, .local_rank = world.local_rank};
 }
 
-std::shared_ptr<comm::Communicator> make_communicator(const config::Config& config, Device& device,
-                                                      const std::shared_ptr<comm::Bootstrap>& bootstrap) {
+comm::CommunicatorOptions communicator_options(const config::Config& config) {
   using config::CommBackend;
-  CommBackend backend = config.zero3.comm.backend;
-  if (backend == CommBackend::automatic)
-    backend = device.kind() == DeviceKind::cuda ? CommBackend::nccl : CommBackend::mpi;
-  if (backend == CommBackend::mpi && device.kind() == DeviceKind::cuda) {
-    throw ConfigError(
-        "zero3.comm.backend: \"mpi\" takes host memory, but the engine's buffers are on the CUDA device; use \"nccl\" "
-        "or \"auto\"");
+  const CommBackend choice = config.zero3.comm.backend;
+  std::optional<comm::CommBackend> backend;
+  if (choice != CommBackend::automatic) {
+    backend = choice == CommBackend::nccl ? comm::CommBackend::nccl : comm::CommBackend::mpi;
   }
-  if (backend == CommBackend::nccl && device.kind() != DeviceKind::cuda) {
-    throw ConfigError(
-        "zero3.comm.backend: \"nccl\" needs the CUDA device (zero3.device is the host); use \"mpi\" or "
-        "\"auto\"");
-  }
-  if (backend == CommBackend::nccl) {
-    if (config.zero3.comm.desync_check) {
-      log::warn(
-          "zero3.comm.desync_check: the desync guard runs on the mpi backend only; the nccl communicator "
-          "runs without it");
-    }
-    return comm::make_nccl_communicator(bootstrap, device);
-  }
-  return comm::make_mpi_communicator(bootstrap, device, {.desync_check = config.zero3.comm.desync_check});
+  return {.backend = backend, .desync_check = config.zero3.comm.desync_check};
 }
 
 }  // namespace
@@ -121,14 +103,14 @@ Engine::Impl::Impl(const config::Config& cfg, const comm::World& w, EngineResour
   if (resources.communicator && (!resources.device || !resources.bootstrap)) {
     throw UsageError("EngineResources: a communicator must come with its device and bootstrap");
   }
-  device = resources.device ? std::move(resources.device) : make_device(config, world);
+  device = resources.device ? std::move(resources.device) : make_device(device_options(config, world));
   bootstrap = resources.bootstrap ? std::move(resources.bootstrap) : comm::make_mpi_bootstrap(world);
   if (bootstrap->rank() != world.rank || bootstrap->size() != world.size) {
     throw UsageError(fmt::format("EngineResources: the bootstrap is rank {} of {}, but the world is rank {} of {} ({})",
                                  bootstrap->rank(), bootstrap->size(), world.rank, world.size, world.source));
   }
-  communicator =
-      resources.communicator ? std::move(resources.communicator) : make_communicator(config, *device, bootstrap);
+  communicator = resources.communicator ? std::move(resources.communicator)
+                                        : comm::make_communicator(communicator_options(config), *device, bootstrap);
   if (communicator->rank() != world.rank || communicator->size() != world.size) {
     throw UsageError(fmt::format("EngineResources: the communicator is rank {} of {}, but the world is rank {} of {}",
                                  communicator->rank(), communicator->size(), world.rank, world.size));
