@@ -116,12 +116,12 @@ Engine::Impl::Impl(const config::Config& cfg, const comm::World& w, EngineResour
                                  communicator->rank(), communicator->size(), world.rank, world.size));
   }
   comm::set_flight_capacity(static_cast<std::size_t>(config.zero3.comm.flight_records));
-  comm::set_progress(0, 0);
   watchdog = std::make_unique<comm::Watchdog>(
       comm::WatchdogOptions{
           .timeout = std::chrono::duration<double>(config.zero3.comm.timeout_s),
           .first_step_timeout = std::chrono::duration<double>(config.zero3.comm.first_step_timeout())},
       world.rank, world.size, comm::make_progress_channel(*bootstrap, world.local_size == world.size));
+  watchdog->progress().set(0, 0);
   events = std::make_unique<engine::EventPool>(*device);
   compute = device->create_stream("compute");
   comm_stream = device->create_stream("comm");
@@ -331,6 +331,7 @@ engine::Wiring Engine::Impl::make_wiring() {
       .comm_dtype = comm_dtype,
       .stats = stats,
       .timeline = *timeline,
+      .progress = watchdog->progress(),
       .single_rank_in_place = config.zero3.single_rank_in_place && world.size == 1 && !device->guards_scope_memory()};
 }
 
@@ -378,9 +379,9 @@ StepResult Engine::Impl::step() {
   } else {
     micro_steps = 0;
     step_boundary(r);
-    comm::mark_first_step_done();
+    watchdog->progress().mark_first_step_done();
   }
-  comm::set_progress(global_step, micro_steps);
+  watchdog->progress().set(global_step, micro_steps);
   r.global_step = global_step;
   r.skipped_steps = skipped_steps;
   coordinator->reclaim();
@@ -606,6 +607,9 @@ comm::Communicator& Engine::communicator() {
 }
 std::shared_ptr<comm::Bootstrap> Engine::bootstrap() const {
   return impl_->bootstrap;
+}
+comm::Watchdog& Engine::watchdog() {
+  return *impl_->watchdog;
 }
 EngineState Engine::state() {
   return EngineState(this);

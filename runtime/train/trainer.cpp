@@ -124,7 +124,7 @@ double Trainer::train_step(std::int64_t step) {
   for (std::int64_t m = 0; m < micro_batches; ++m) {
     // The loop's own position tags the collectives (the engine's would follow a rank that ran a micro-batch
     // more, and hide it from the desync guard).
-    comm::set_progress(step, m);
+    unit_trainer_.engine().watchdog().progress().set(step, m);
     // An injected extra micro-batch repeats the last one.
     const TokenBatch b = data_.micro_batch(guard_->data_step(step), std::min(m, gas - 1));
     const double loss = unit_trainer_.micro_batch(b.tokens, b.targets, b.batch, b.len);
