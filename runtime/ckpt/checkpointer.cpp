@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
@@ -29,32 +29,9 @@ using Json = nlohmann::json;
 
 constexpr std::size_t kMinBlockBytes = std::size_t{1} << 20;
 
-// Every rank's string, in rank order (strings of any length). Collective.
-std::vector<std::string> gather_strings(comm::Bootstrap& b, const std::string& mine) {
-  std::vector<std::byte> size(sizeof(std::uint64_t));
-  const std::uint64_t n = mine.size();
-  std::memcpy(size.data(), &n, sizeof n);
-  const std::vector<std::byte> sizes = b.all_gather(size);
-  std::uint64_t longest = 0;
-  std::vector<std::uint64_t> lengths(static_cast<std::size_t>(b.size()));
-  for (std::size_t r = 0; r < lengths.size(); ++r) {
-    std::memcpy(&lengths[r], sizes.data() + r * sizeof(std::uint64_t), sizeof(std::uint64_t));
-    longest = std::max(longest, lengths[r]);
-  }
-  std::vector<std::byte> padded(static_cast<std::size_t>(longest));
-  std::memcpy(padded.data(), mine.data(), mine.size());
-  const std::vector<std::byte> all = longest == 0 ? std::vector<std::byte>{} : b.all_gather(padded);
-  std::vector<std::string> out;
-  for (std::size_t r = 0; r < lengths.size(); ++r) {
-    const char* at = longest == 0 ? nullptr : reinterpret_cast<const char*>(all.data()) + r * longest;
-    out.emplace_back(at, at == nullptr ? 0 : static_cast<std::size_t>(lengths[r]));
-  }
-  return out;
-}
-
 // Throws CheckpointError on every rank when any rank reported an error (the first one, naming its rank).
 void agree(comm::Bootstrap& b, const std::string& my_error, std::string_view what) {
-  const std::vector<std::string> errors = gather_strings(b, my_error);
+  const std::vector<std::string> errors = comm::all_gather_strings(b, my_error);
   for (std::size_t r = 0; r < errors.size(); ++r) {
     if (!errors[r].empty()) throw CheckpointError(fmt::format("{}: rank {}: {}", what, r, errors[r]));
   }
@@ -312,7 +289,7 @@ struct Checkpointer::Impl {
     } catch (const std::exception& e) {
       mine = std::string("E") + e.what();
     }
-    const std::vector<std::string> all = gather_strings(*bootstrap, mine);
+    const std::vector<std::string> all = comm::all_gather_strings(*bootstrap, mine);
     for (std::size_t r = 0; r < all.size(); ++r) {
       if (all[r].empty()) continue;
       const std::string message = fmt::format("{}: rank {}: {}; {}", call, r, all[r].substr(1), fix);
@@ -396,7 +373,7 @@ struct Checkpointer::Impl {
       std::lock_guard lock(f.mutex);
       done = f.done;
     }
-    const std::vector<std::string> states = gather_strings(*bootstrap, done ? "1" : "0");
+    const std::vector<std::string> states = comm::all_gather_strings(*bootstrap, done ? "1" : "0");
     if (std::any_of(states.begin(), states.end(), [](const std::string& s) { return s != "1"; })) {
       return std::nullopt;
     }
@@ -406,12 +383,12 @@ struct Checkpointer::Impl {
     report.tag = f.tag;
     report.dir = checkpoint_dir(f.root, f.tag);
     report.snapshot_s = f.snapshot_s;
-    const std::vector<std::string> errors = gather_strings(*bootstrap, f.error);
+    const std::vector<std::string> errors = comm::all_gather_strings(*bootstrap, f.error);
     for (std::size_t r = 0; r < errors.size() && report.error.empty(); ++r) {
       if (!errors[r].empty()) report.error = fmt::format("rank {}: {}", r, errors[r]);
     }
     const std::vector<std::string> summaries =
-        gather_strings(*bootstrap, report.error.empty() ? to_json(f.summary).dump() : std::string());
+        comm::all_gather_strings(*bootstrap, report.error.empty() ? to_json(f.summary).dump() : std::string());
     std::string commit_error;
     if (bootstrap->rank() == 0) {
       try {
@@ -430,9 +407,9 @@ struct Checkpointer::Impl {
         commit_error = e.what();
       }
     }
-    const std::vector<std::string> commit_errors = gather_strings(*bootstrap, commit_error);
+    const std::vector<std::string> commit_errors = comm::all_gather_strings(*bootstrap, commit_error);
     if (report.error.empty() && !commit_errors[0].empty()) report.error = "rank 0: commit: " + commit_errors[0];
-    const std::vector<std::string> totals = gather_strings(*bootstrap, std::to_string(report.bytes));
+    const std::vector<std::string> totals = comm::all_gather_strings(*bootstrap, std::to_string(report.bytes));
     report.bytes = std::stoull(totals[0]);
     report.ok = report.error.empty();
     report.total_s = std::chrono::duration<double>(Clock::now() - f.started).count();

@@ -542,7 +542,7 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::check_memory(std::string_view op, std::string_view what, MemoryKind kind) const {
-  if (kind == MemoryKind::device && device().kind() != DeviceKind::host) {
+  if (kind == MemoryKind::device && !device().caps().device_memory_on_host) {
     usage_error(op, fmt::format("{} is {} device memory, which MPI cannot access: the mpi backend takes host memory "
                                 "(pinned or pageable); use the nccl communicator for device buffers",
                                 what, device_kind_name(device().kind())));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nccl_check.hpp"
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3_cuda_check.hpp"
@@ -141,10 +142,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Bootstrap> bootstrap, Device&
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (rank() == 0) ZERO3_NCCL_CHECK(ncclGetUniqueId(&id));
-  std::vector<std::byte> bytes(sizeof id);
-  std::memcpy(bytes.data(), &id, sizeof id);
-  bootstrap_->broadcast(bytes, 0);
-  std::memcpy(&id, bytes.data(), sizeof id);
+  id = broadcast_value(*bootstrap_, id, 0);
 
   Buffer barrier_buffer = device.allocate(1, DType::f32, MemoryKind::device, MemCategory::comm_buffer);
   ncclComm_t comm = nullptr;

@@ -8,6 +8,13 @@
 
 namespace zero3 {
 
+DeviceCaps device_caps(DeviceKind kind) {
+  if (kind == DeviceKind::host) {
+    return {.host_staging = MemoryKind::pageable_host, .pins_by_mlock = true, .device_memory_on_host = true};
+  }
+  return {.host_staging = MemoryKind::pinned_host, .pins_by_mlock = false, .device_memory_on_host = false};
+}
+
 Buffer::Buffer(Buffer&& other) noexcept
     : owner_(std::exchange(other.owner_, nullptr)),
       ptr_(std::exchange(other.ptr_, nullptr)),

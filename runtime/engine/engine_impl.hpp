@@ -1,7 +1,8 @@
 // Engine::Impl: what one Engine owns, in lifetime order (members are destroyed in reverse, so the device
 // outlives every buffer, and the streams are drained before the buffers their work uses go away).
-// engine.cpp implements the public class on top of it, engine_state.cpp the EngineState view. Engine
-// thread only.
+// engine_impl.cpp builds it (construction, finalize()), engine_step.cpp and engine_tensor.cpp hold step()
+// and gather_tensor(), engine_scopes.cpp the scopes, engine.cpp the public class on top of it and
+// engine_state.cpp the EngineState view. Engine thread only.
 #pragma once
 
 #include <cstdint>

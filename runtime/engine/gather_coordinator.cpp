@@ -19,6 +19,7 @@ GatherCoordinator::GatherCoordinator(const Wiring& wiring, BufferView param_shar
       events_(wiring.events),
       dtype_(wiring.compute_dtype),
       timeline_(wiring.timeline),
+      progress_(wiring.progress),
       param_shards_(param_shards),
       max_live_(static_cast<std::uint64_t>(std::max<std::int64_t>(wiring.config.zero.max_live_parameters, 0))),
       offloaded_(param_shards.kind != MemoryKind::device),
@@ -72,7 +73,7 @@ void GatherCoordinator::gather(std::size_t unit, bool /*prefetched*/) {
   // Named at the issue site: a prefetch issued while unit k computes is unit k+1's gather.
   const comm::ScopedOpAnnotation note("gather", ul.name);
   const trace::Label label(fmt::format("gather {}", ul.name));
-  const bool skip = comm::fault::fire(comm::fault::Kind::skip_gather, comm_.rank(), comm::progress_steps_done(),
+  const bool skip = comm::fault::fire(comm::fault::Kind::skip_gather, comm_.rank(), progress_.steps_done(),
                                       static_cast<std::int64_t>(unit));
   for (const Group g : {Group::trainable, Group::frozen}) {
     if (skip) break;  // a test's fault: this rank never issues the unit's gather

@@ -69,6 +69,7 @@ class GatherCoordinator final : private GatherActions {
   EventPool& events_;
   DType dtype_;
   Timeline& timeline_;
+  const comm::LoopProgress& progress_;
   BufferView param_shards_;
   std::uint64_t max_live_;
 

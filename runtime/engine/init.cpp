@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/rng.hpp"
@@ -126,8 +127,7 @@ void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device,
   // Values are made in host staging (pinned where the device needs it for async copies), rounded to the
   // compute dtype there too (the same RNE the cast kernels use), and copied to wherever master and params
   // live: device memory, or host memory when they are offloaded.
-  const MemoryKind staging_kind =
-      device.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
+  const MemoryKind staging_kind = device.caps().host_staging;
   const std::size_t chunk = std::min(kInitChunkElems, layout.param_shard_count);
   Buffer host = device.allocate(chunk, DType::f32, staging_kind, MemCategory::staging);
   Buffer rounded = device.allocate(chunk, params.dtype, staging_kind, MemCategory::staging);
@@ -165,21 +165,13 @@ void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device,
 
 namespace {
 
-std::vector<std::byte> to_bytes(const std::vector<std::uint64_t>& v) {
-  std::vector<std::byte> out(v.size() * sizeof(std::uint64_t));
-  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
-  return out;
-}
-
 // Entry i of rank r in an all-gathered vector of `n` u64 per rank.
-std::uint64_t entry(const std::vector<std::byte>& all, std::size_t n, int r, std::size_t i) {
-  std::uint64_t v = 0;
-  std::memcpy(&v, all.data() + (static_cast<std::size_t>(r) * n + i) * sizeof v, sizeof v);
-  return v;
+std::uint64_t entry(const std::vector<std::uint64_t>& all, std::size_t n, int r, std::size_t i) {
+  return all[static_cast<std::size_t>(r) * n + i];
 }
 
 // "ranks 0, 1 and ranks 2" style grouping of which ranks hold which value of entry i.
-std::string describe_split(const std::vector<std::byte>& all, std::size_t n, int size, std::size_t i) {
+std::string describe_split(const std::vector<std::uint64_t>& all, std::size_t n, int size, std::size_t i) {
   std::vector<int> differ;
   const std::uint64_t v0 = entry(all, n, 0, i);
   for (int r = 1; r < size; ++r) {
@@ -200,7 +192,7 @@ void check_ranks_agree(const Layout& layout, const std::vector<std::uint64_t>& v
   config_hash.str(config_json);
   // Header first: with different unit or param counts the detailed vectors would not even line up.
   const std::vector<std::uint64_t> header{layout.units.size(), layout.params.size(), config_hash.h};
-  const std::vector<std::byte> all_headers = bootstrap.all_gather(to_bytes(header));
+  const std::vector<std::uint64_t> all_headers = comm::all_gather_vectors(bootstrap, header);
   for (std::size_t i = 0; i < 2; ++i) {
     for (int r = 1; r < size; ++r) {
       if (entry(all_headers, header.size(), r, i) != entry(all_headers, header.size(), 0, i)) {
@@ -252,7 +244,7 @@ void check_ranks_agree(const Layout& layout, const std::vector<std::uint64_t>& v
       unit_entry.push_back(false);
     }
   }
-  const std::vector<std::byte> all = bootstrap.all_gather(to_bytes(prints));
+  const std::vector<std::uint64_t> all = comm::all_gather_vectors(bootstrap, prints);
   const auto differs = [&](std::size_t i) {
     for (int r = 1; r < size; ++r) {
       if (entry(all, prints.size(), r, i) != entry(all, prints.size(), 0, i)) return true;

@@ -110,11 +110,11 @@ class Planner {
         world_(config.batch.world_size),
         dtype_(config.model_dtype()),
         comm_dtype_(config.communication_data_type),
-        host_device_(options.device == DeviceKind::host),
+        caps_(device_caps(options.device)),
         offload_params_(config.zero.offload_param.device == config::OffloadDevice::cpu),
         offload_optimizer_(config.zero.offload_optimizer.device == config::OffloadDevice::cpu),
         single_rank_(config.zero3.single_rank_in_place && world_ == 1),
-        staging_kind_(host_device_ ? MemoryKind::pageable_host : MemoryKind::pinned_host) {
+        staging_kind_(caps_.host_staging) {
     plan_.world_size = world_;
     plan_.ranks_per_node = std::max(options.ranks_per_node, 1);
     for (std::size_t u = 0; u < units.size(); ++u) visits_.push_back(visit_units(units, u));
@@ -347,7 +347,7 @@ class Planner {
   void communicator_scratch() {
     config::CommBackend backend = config_.zero3.comm.backend;
     if (backend == config::CommBackend::automatic) {
-      backend = host_device_ ? config::CommBackend::mpi : config::CommBackend::nccl;
+      backend = caps_.device_memory_on_host ? config::CommBackend::mpi : config::CommBackend::nccl;
     }
     if (backend == config::CommBackend::nccl) {
       add(MemoryKind::device, MemCategory::comm_buffer, sizeof(float), "the NCCL communicator's barrier word");
@@ -443,7 +443,7 @@ class Planner {
   int world_;
   DType dtype_;
   DType comm_dtype_;
-  bool host_device_;
+  DeviceCaps caps_;
   bool offload_params_;
   bool offload_optimizer_;
   bool single_rank_;

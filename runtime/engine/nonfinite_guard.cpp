@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "optimizer_step.hpp"
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 
@@ -75,23 +75,20 @@ NonfiniteReport locate_nonfinite(const Layout& layout, ShardOptimizer& optimizer
                                  comm::Bootstrap& bootstrap, bool loss_nonfinite, std::int64_t step, double grad_norm) {
   stream.synchronize();
   optimizer.prepare_read();
-  const MemoryKind host_kind = device.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
+  const MemoryKind host_kind = device.caps().host_staging;
   Buffer host = device.allocate(layout.state_count, DType::f32, host_kind, MemCategory::staging);
   if (layout.state_count > 0) copy_from_pieces(device, optimizer.pieces(TensorKind::grad), 0, host.view(), stream);
   stream.synchronize();
   RankFinding mine = scan_shard(layout, host.view().as<float>());
   mine.loss_nonfinite = loss_nonfinite ? 1 : 0;
 
-  std::vector<std::byte> bytes(sizeof(RankFinding));
-  std::memcpy(bytes.data(), &mine, sizeof mine);
-  const std::vector<std::byte> all = bootstrap.all_gather(bytes);
+  const std::vector<RankFinding> all = comm::all_gather_values(bootstrap, mine);
   NonfiniteReport report;
   report.step = step;
   report.grad_norm = grad_norm;
   std::int64_t best = std::numeric_limits<std::int64_t>::max();
   for (int r = 0; r < bootstrap.size(); ++r) {
-    RankFinding f;
-    std::memcpy(&f, all.data() + static_cast<std::size_t>(r) * sizeof f, sizeof f);
+    const RankFinding& f = all[static_cast<std::size_t>(r)];
     if (f.loss_nonfinite != 0) report.loss_ranks.push_back(r);
     if (f.param < 0) continue;
     report.grad_ranks.push_back(r);

@@ -192,9 +192,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
         slots_.push_back(
             {host.allocate(device, slot, comm_dtype_, pinned, MemCategory::staging), device.create_event(), false});
       }
-      const MemoryKind small_kind =
-          device.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
-      host_scalars_ = device.allocate(2, DType::f32, small_kind, MemCategory::staging);
+      host_scalars_ = device.allocate(2, DType::f32, device.caps().host_staging, MemCategory::staging);
       device_scalars_ = device.allocate(2, DType::f32, MemoryKind::device, MemCategory::workspace);
     }
     build_pieces(has_m, has_v);
@@ -564,8 +562,7 @@ MemoryTable offload_optimizer_memory(const config::Config& config, const Layout&
   if (options.params_on_device) t.at(kind, MemCategory::staging) += host * size_of(options.compute_dtype);
   const std::uint64_t slot = std::min(kSlotElems, std::max<std::size_t>(largest_arrival(layout), 1));
   t.at(kind, MemCategory::staging) += kSlots * slot * size_of(options.comm_dtype);
-  const MemoryKind small = device == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
-  t.at(small, MemCategory::staging) += 2 * sizeof(float);
+  t.at(device_caps(device).host_staging, MemCategory::staging) += 2 * sizeof(float);
   t.at(MemoryKind::device, MemCategory::workspace) += 2 * sizeof(float);
   return t;
 }

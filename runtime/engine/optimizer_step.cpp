@@ -158,7 +158,7 @@ OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimize
       bootstrap_(bootstrap),
       nonfinite_(wiring.config.zero3.nonfinite, wiring.communicator.rank()) {
   scalars_ = device_.allocate(5, DType::f32, MemoryKind::device, MemCategory::workspace);
-  const MemoryKind host_kind = device_.kind() == DeviceKind::host ? MemoryKind::pageable_host : MemoryKind::pinned_host;
+  const MemoryKind host_kind = device_.caps().host_staging;
   host_scalars_ = device_.allocate(5, DType::f32, host_kind, MemCategory::staging);
   host_marks_ = device_.allocate(5, DType::f32, host_kind, MemCategory::staging);
 }

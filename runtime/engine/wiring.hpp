@@ -8,6 +8,7 @@
 #include "layout.hpp"
 #include "timeline.hpp"
 #include "zero3/comm/communicator.hpp"
+#include "zero3/comm/watchdog.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/device/device.hpp"
@@ -29,6 +30,8 @@ struct Wiring {
   DType comm_dtype;     // gradient reduction
   EngineStats& stats;
   Timeline& timeline;
+  // Where the training loop is (the watchdog's): ZERO3_FAULT's test faults fire at a step.
+  const comm::LoopProgress& progress;
   // World size 1 and zero3.single_rank_in_place, without the host backend's scope-memory guard: gradients
   // skip the collectives, and units are used from their shards in place where those are in device memory
   // (docs/engine.md, "World size 1").

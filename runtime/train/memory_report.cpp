@@ -3,9 +3,10 @@
 #include <fmt/format.h>
 
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
+
+#include "zero3/comm/typed_collectives.hpp"
 
 namespace zero3::train {
 
@@ -34,13 +35,10 @@ std::vector<RankPeaks> gather_peaks(comm::Bootstrap& bootstrap, const MemoryTrac
     for (std::size_t c = 0; c < kNumMemCategories; ++c) flat.push_back(mine.peak.bytes[k][c]);
     flat.push_back(mine.total_peak[k]);
   }
-  std::vector<std::byte> bytes(flat.size() * sizeof(std::uint64_t));
-  std::memcpy(bytes.data(), flat.data(), bytes.size());
-  const std::vector<std::byte> all = bootstrap.all_gather(bytes);
-  std::vector<RankPeaks> ranks(all.size() / bytes.size());
+  const std::vector<std::uint64_t> all = comm::all_gather_vectors(bootstrap, flat);
+  std::vector<RankPeaks> ranks(all.size() / kPerRank);
   for (std::size_t r = 0; r < ranks.size(); ++r) {
-    std::vector<std::uint64_t> v(kPerRank);
-    std::memcpy(v.data(), all.data() + r * bytes.size(), bytes.size());
+    const std::uint64_t* v = all.data() + r * kPerRank;
     for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
       for (std::size_t c = 0; c < kNumMemCategories; ++c)
         ranks[r].peak.bytes[k][c] = v[k * (kNumMemCategories + 1) + c];

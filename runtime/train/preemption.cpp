@@ -6,10 +6,10 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <ctime>
 #include <system_error>
 
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 
@@ -143,14 +143,10 @@ StopSignals::~StopSignals() {
 }
 
 StopAgreement agree_on_stop(comm::Bootstrap& bootstrap) {
-  const std::int32_t mine = stop_requested();
-  std::vector<std::byte> bytes(sizeof mine);
-  std::memcpy(bytes.data(), &mine, sizeof mine);
-  const std::vector<std::byte> all = bootstrap.all_gather(bytes);
+  const std::vector<std::int32_t> all = comm::all_gather_values<std::int32_t>(bootstrap, stop_requested());
   StopAgreement a;
   for (int r = 0; r < bootstrap.size(); ++r) {
-    std::int32_t theirs = 0;
-    std::memcpy(&theirs, all.data() + static_cast<std::size_t>(r) * sizeof theirs, sizeof theirs);
+    const std::int32_t theirs = all[static_cast<std::size_t>(r)];
     if (theirs == 0) continue;
     if (!a.stop) a.reason = theirs;
     a.stop = true;

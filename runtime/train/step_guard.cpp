@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 
@@ -16,16 +16,7 @@ namespace {
 
 // The mean of `v` over the ranks, summed in rank order: the same bits on every rank.
 double mean_over_ranks(comm::Bootstrap& b, double v) {
-  std::vector<std::byte> mine(sizeof v);
-  std::memcpy(mine.data(), &v, sizeof v);
-  const std::vector<std::byte> all = b.all_gather(mine);
-  double sum = 0.0;
-  for (std::size_t off = 0; off < all.size(); off += sizeof v) {
-    double x = 0.0;
-    std::memcpy(&x, all.data() + off, sizeof x);
-    sum += x;
-  }
-  return sum / static_cast<double>(b.size());
+  return comm::sum_over_ranks(b, v) / static_cast<double>(b.size());
 }
 
 std::string_view action_name(config::SpikeAction a) {

@@ -7,11 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <cstring>
 #include <utility>
 
 #include "zero3/ckpt/checkpoint.hpp"
 #include "zero3/comm/fault.hpp"
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
@@ -29,16 +29,7 @@ double seconds_since(Clock::time_point t) {
 
 double sum_over_ranks(comm::Bootstrap& b, double v) {
   const comm::ScopedOpAnnotation note("metrics");
-  std::vector<std::byte> mine(sizeof v);
-  std::memcpy(mine.data(), &v, sizeof v);
-  const std::vector<std::byte> all = b.all_gather(mine);
-  double sum = 0.0;
-  for (std::size_t off = 0; off < all.size(); off += sizeof v) {
-    double x = 0.0;
-    std::memcpy(&x, all.data() + off, sizeof x);
-    sum += x;
-  }
-  return sum;
+  return comm::sum_over_ranks(b, v);
 }
 
 // The step of a tag the loop wrote ("global_step<N>"), -1 for another.
@@ -124,7 +115,7 @@ double Trainer::train_step(std::int64_t step) {
   for (std::int64_t m = 0; m < micro_batches; ++m) {
     // The loop's own position tags the collectives (the engine's would follow a rank that ran a micro-batch
     // more, and hide it from the desync guard).
-    comm::set_progress(step, m);
+    unit_trainer_.engine().watchdog().progress().set(step, m);
     // An injected extra micro-batch repeats the last one.
     const TokenBatch b = data_.micro_batch(guard_->data_step(step), std::min(m, gas - 1));
     const double loss = unit_trainer_.micro_batch(b.tokens, b.targets, b.batch, b.len);

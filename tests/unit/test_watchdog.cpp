@@ -51,7 +51,9 @@ TEST_CASE("the flight recorder keeps the last N records with their context", "[f
   comm::flight::Recorder& rec = comm::flight::Recorder::instance();
   rec.set_capacity(16);
   const std::uint32_t lane = rec.register_lane("test");
-  comm::set_progress(5, 1);
+  const auto progress = std::make_shared<comm::LoopProgress>();
+  rec.follow(progress);
+  progress->set(5, 1);
   for (std::uint64_t s = 1; s <= 40; ++s) {
     const comm::ScopedOpAnnotation note("gather", s % 2 == 0 ? "blocks.0" : "blocks.1");
     rec.issued(lane, info(s, "all_gather", 100), 200 * 2, "");
@@ -73,7 +75,7 @@ TEST_CASE("the flight recorder keeps the last N records with their context", "[f
   const std::uint32_t other = rec.register_lane("test");
   const auto print = [&](const char* unit, std::int64_t micro) {
     const comm::ScopedOpAnnotation note("gather", unit);
-    comm::set_progress(5, micro);
+    progress->set(5, micro);
     rec.issued(other, info(1000, "all_gather", 100), 400, "");
     return rec.find(other, 1000)->fingerprint;
   };
@@ -88,6 +90,10 @@ TEST_CASE("the flight recorder keeps the last N records with their context", "[f
   CHECK(dump["records"].back()["micro_batch"] == 2);
   CHECK(dump["records"].back()["lane"] == "test#2");
   rec.completed(lane, 38, false);
+  rec.unfollow(progress.get());
+  progress->set(6, 0);
+  rec.issued(other, info(1001, "all_gather", 100), 400, "");
+  CHECK(rec.find(other, 1001)->step == -1);  // unfollowed: no step
   rec.set_capacity(4096);
 }
 
@@ -132,8 +138,6 @@ TEST_CASE("a collective past its deadline is reported with who is missing, dumpe
   comm::flight::Recorder& rec = comm::flight::Recorder::instance();
   const std::uint32_t lane = rec.register_lane("mpi");
   const std::string lane_name = rec.lanes()[lane].name;
-  comm::mark_first_step_done();
-  comm::set_progress(3, 1);
   auto channel = std::make_shared<FakeChannel>();
   {
     comm::Watchdog dog({.timeout = std::chrono::duration<double>(0.3),
@@ -141,6 +145,8 @@ TEST_CASE("a collective past its deadline is reported with who is missing, dumpe
                         .poll_interval = std::chrono::duration<double>(0.05),
                         .grace = std::chrono::duration<double>(0.05)},
                        0, 2, channel);
+    dog.progress().mark_first_step_done();
+    dog.progress().set(3, 1);
     {
       const comm::ScopedOpAnnotation note("gather", "blocks.3");
       rec.issued(lane, info(7, "all_gather", 4096), 16384, "");

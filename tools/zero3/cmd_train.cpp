@@ -28,6 +28,7 @@
 
 #include "commands.hpp"
 #include "train_config.hpp"
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
@@ -181,10 +182,10 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
   } catch (const ConfigError& e) {
     observers_error = e.what();
   }
-  const std::vector<std::byte> failed = unit_trainer.bootstrap()->all_gather(
-      std::vector<std::byte>{observers_error.empty() ? std::byte{0} : std::byte{1}});
+  const std::vector<std::uint8_t> failed =
+      comm::all_gather_values<std::uint8_t>(*unit_trainer.bootstrap(), observers_error.empty() ? 0 : 1);
   for (std::size_t r = 0; r < failed.size(); ++r) {
-    if (failed[r] == std::byte{0}) continue;
+    if (failed[r] == 0) continue;
     throw ConfigError(!observers_error.empty() ? observers_error
                                                : fmt::format("rank {} could not open its metric outputs", r));
   }

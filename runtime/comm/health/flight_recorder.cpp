@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -14,9 +13,6 @@ namespace zero3::comm {
 namespace {
 thread_local std::string_view t_phase;
 thread_local std::string_view t_unit;
-std::atomic<std::int64_t> g_steps_done{-1};
-std::atomic<std::int64_t> g_micro_batch{-1};
-std::atomic<bool> g_first_step_done{false};
 }  // namespace
 
 ScopedOpAnnotation::ScopedOpAnnotation(std::string_view phase, std::string_view unit)
@@ -28,19 +24,6 @@ ScopedOpAnnotation::ScopedOpAnnotation(std::string_view phase, std::string_view 
 ScopedOpAnnotation::~ScopedOpAnnotation() {
   t_phase = prev_phase_;
   t_unit = prev_unit_;
-}
-
-void set_progress(std::int64_t steps_done, std::int64_t micro_batch) {
-  g_steps_done.store(steps_done, std::memory_order_relaxed);
-  g_micro_batch.store(micro_batch, std::memory_order_relaxed);
-}
-
-std::int64_t progress_steps_done() {
-  return g_steps_done.load(std::memory_order_relaxed);
-}
-
-void mark_first_step_done() {
-  g_first_step_done.store(true, std::memory_order_relaxed);
 }
 
 void set_flight_capacity(std::size_t records) {
@@ -63,11 +46,6 @@ std::string_view FixedText<N>::view() const {
 
 template struct FixedText<16>;
 template struct FixedText<64>;
-
-Context current_context() {
-  return {t_phase, t_unit, g_steps_done.load(std::memory_order_relaxed), g_micro_batch.load(std::memory_order_relaxed),
-          !g_first_step_done.load(std::memory_order_relaxed)};
-}
 
 std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -119,11 +97,31 @@ void Recorder::set_capacity(std::size_t records) {
   last_completed_ticket_ = 0;
 }
 
+void Recorder::follow(std::shared_ptr<const LoopProgress> progress) {
+  std::lock_guard lock(mutex_);
+  progress_ = std::move(progress);
+}
+
+void Recorder::unfollow(const LoopProgress* progress) {
+  std::lock_guard lock(mutex_);
+  if (progress_.get() == progress) progress_.reset();
+}
+
+Context Recorder::context_locked() const {
+  Context cx{.phase = t_phase, .unit = t_unit};
+  if (progress_) {
+    cx.step = progress_->steps_done();
+    cx.micro_batch = progress_->micro_batch();
+    cx.first_step = !progress_->first_step_done();
+  }
+  return cx;
+}
+
 void Recorder::issued(std::uint32_t lane, const CollectiveInfo& info, std::uint64_t size_bytes,
                       std::string_view default_phase) {
-  const Context cx = current_context();
   const std::int64_t t = now_ns();
   std::lock_guard lock(mutex_);
+  const Context cx = context_locked();
   if (ring_.empty()) ring_.resize(kDefaultCapacity);
   const std::uint64_t ticket = next_ticket_++;
   Record& r = ring_[ticket % ring_.size()];

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "zero3/comm/communicator.hpp"
+#include "zero3/comm/watchdog.hpp"
 
 namespace zero3::comm::flight {
 
@@ -52,7 +54,8 @@ struct LaneInfo {
   std::uint64_t last_completed = 0;
 };
 
-// "gather", "blocks.3", step and micro-batch of the calling thread and process: what issue() stamps.
+// "gather", "blocks.3" of the calling thread, step and micro-batch of the followed LoopProgress: what
+// issued() stamps.
 struct Context {
   std::string_view phase;
   std::string_view unit;
@@ -60,7 +63,6 @@ struct Context {
   std::int64_t micro_batch = -1;
   bool first_step = true;
 };
-Context current_context();
 
 std::int64_t now_ns();
 
@@ -70,6 +72,11 @@ class Recorder {
 
   std::uint32_t register_lane(std::string_view name);
   void set_capacity(std::size_t records);
+  // The loop progress stamped on records from now on: the newest running watchdog's. unfollow() stops
+  // following `progress` when it is still the one followed. Records issued while none is followed carry
+  // no step and the first step's deadline.
+  void follow(std::shared_ptr<const LoopProgress> progress);
+  void unfollow(const LoopProgress* progress);
   // At issue: a new record for `info` on `lane` with the calling thread's context; `default_phase`
   // when the thread set none.
   void issued(std::uint32_t lane, const CollectiveInfo& info, std::uint64_t size_bytes, std::string_view default_phase);
@@ -88,8 +95,10 @@ class Recorder {
 
  private:
   Record* find_locked(std::uint32_t lane, std::uint64_t seq);
+  Context context_locked() const;
   mutable std::mutex mutex_;
-  std::vector<Record> ring_;  // guarded by mutex_, as is everything below
+  std::shared_ptr<const LoopProgress> progress_;  // guarded by mutex_
+  std::vector<Record> ring_;                      // guarded by mutex_, as is everything below
   std::uint64_t next_ticket_ = 1;
   std::vector<LaneInfo> lanes_;
   std::uint64_t last_started_ticket_ = 0;

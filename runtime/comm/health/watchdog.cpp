@@ -73,15 +73,14 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
 }
 
-std::string progress_json(int rank) {
+std::string progress_json(int rank, const LoopProgress& progress) {
   const flight::Recorder& rec = flight::Recorder::instance();
   const std::vector<flight::LaneInfo> lanes = rec.lanes();
-  const flight::Context cx = flight::current_context();
   Json j;
   j["rank"] = rank;
   j["time_ns"] = flight::now_ns();
-  j["step"] = cx.step;
-  j["micro_batch"] = cx.micro_batch;
+  j["step"] = progress.steps_done();
+  j["micro_batch"] = progress.micro_batch();
   Json l = Json::object();
   for (const flight::LaneInfo& lane : lanes)
     l[lane.name] = {{"started", lane.last_started}, {"completed", lane.last_completed}};
@@ -246,6 +245,8 @@ struct Watchdog::Impl {
   int rank = 0;
   int size = 1;
   std::shared_ptr<ProgressChannel> channel;
+  // Shared with the flight recorder, which stamps it on the records issued while this watchdog runs.
+  std::shared_ptr<LoopProgress> progress = std::make_shared<LoopProgress>();
   bool stop = false;  // guarded by state().mutex
   std::thread thread;
 
@@ -262,7 +263,7 @@ struct Watchdog::Impl {
 
 void Watchdog::Impl::run() {
   try {
-    if (channel) channel->publish(progress_json(rank));  // at once: a rank may stop before the first tick
+    if (channel) channel->publish(progress_json(rank, *progress));  // at once: a rank may stop before the first tick
   } catch (const std::exception& e) {
     log::error("watchdog: {}", e.what());
   }
@@ -288,7 +289,7 @@ void Watchdog::Impl::run() {
 
 void Watchdog::Impl::tick() {
   if (channel) {
-    channel->publish(progress_json(rank));
+    channel->publish(progress_json(rank, *progress));
     if (const std::optional<std::string> notice = channel->poll_failure()) {
       handle_peer_notice(*notice);
       return;
@@ -356,6 +357,7 @@ Watchdog::Watchdog(const WatchdogOptions& options, int rank, int size, std::shar
     state().size = size;
     ++state().watchdogs;
   }
+  flight::Recorder::instance().follow(impl_->progress);
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
 
@@ -368,6 +370,11 @@ Watchdog::~Watchdog() {
   }
   state().cv.notify_all();
   impl_->thread.join();
+  flight::Recorder::instance().unfollow(impl_->progress.get());
+}
+
+LoopProgress& Watchdog::progress() {
+  return *impl_->progress;
 }
 
 // ---------------------------------------------------------------- process-wide

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -22,6 +21,7 @@
 #include "bench_trainer.hpp"
 #include "commands.hpp"
 #include "zero3/ckpt/checkpointer.hpp"
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
@@ -106,13 +106,7 @@ void run(const CheckpointBenchOptions& o) {
   Engine& engine = trainer.engine();
   fs::path root =
       o.dir.empty() ? fs::temp_directory_path() / fmt::format("zero3-bench-checkpoint-{}", getpid()) : fs::path(o.dir);
-  {  // rank 0's choice of directory, for every rank
-    std::vector<std::byte> name(4096);
-    const std::string s = root.string();
-    std::memcpy(name.data(), s.data(), std::min(s.size(), name.size() - 1));
-    bootstrap->broadcast(name, 0);
-    root = fs::path(std::string(reinterpret_cast<const char*>(name.data())));
-  }
+  root = fs::path(comm::broadcast_string(*bootstrap, root.string(), 0));  // rank 0's choice, for every rank
   if (world.rank == 0) fs::create_directories(root);
   bootstrap->barrier();
 
@@ -157,17 +151,7 @@ void run(const CheckpointBenchOptions& o) {
         load_s, timed([&] { bytes_read = sync_saver.load(root / "ours", fmt::format("bench{}", r)).bytes_read; }));
     raw_read_s = std::min(raw_read_s, timed([&] { raw_read(raw); }));
   }
-  {  // every rank's bytes read
-    std::vector<std::byte> mine(sizeof bytes_read);
-    std::memcpy(mine.data(), &bytes_read, sizeof bytes_read);
-    const std::vector<std::byte> all = bootstrap->all_gather(mine);
-    bytes_read = 0;
-    for (std::size_t at = 0; at < all.size(); at += sizeof(std::uint64_t)) {
-      std::uint64_t v = 0;
-      std::memcpy(&v, all.data() + at, sizeof v);
-      bytes_read += v;
-    }
-  }
+  bytes_read = comm::sum_over_ranks(*bootstrap, bytes_read);  // every rank's bytes read
 
   // Async save's cost to the steps: steps without a save, then steps from save() until it has committed.
   ckpt::Checkpointer async_saver(engine, bootstrap, ckpt::CheckpointerOptions{});

@@ -6,6 +6,7 @@
 // annotations are per thread (set them on the thread that issues the collectives).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -35,13 +36,27 @@ class ScopedOpAnnotation {
   std::string_view prev_unit_;
 };
 
-// Where the training loop is, process-wide: optimizer steps done and the micro-batch within the current
-// accumulation window. Stamped on every record; set by the engine.
-void set_progress(std::int64_t steps_done, std::int64_t micro_batch);
-std::int64_t progress_steps_done();  // as last set (-1 before)
-// The first optimizer step has completed in this process: collectives issued from now on get the regular
-// deadline instead of the first step's.
-void mark_first_step_done();
+// Where the training loop is: optimizer steps done and the micro-batch within the current accumulation
+// window (-1 before they are set), and whether the first optimizer step has completed. Owned by the
+// Watchdog that judges deadlines by it (Watchdog::progress()); stamped on every record issued while that
+// watchdog runs. Written by the engine and the training loop, read by any thread.
+class LoopProgress {
+ public:
+  void set(std::int64_t steps_done, std::int64_t micro_batch) {
+    steps_done_.store(steps_done, std::memory_order_relaxed);
+    micro_batch_.store(micro_batch, std::memory_order_relaxed);
+  }
+  std::int64_t steps_done() const { return steps_done_.load(std::memory_order_relaxed); }
+  std::int64_t micro_batch() const { return micro_batch_.load(std::memory_order_relaxed); }
+  // Collectives issued from now on get the regular deadline instead of the first step's.
+  void mark_first_step_done() { first_step_done_.store(true, std::memory_order_relaxed); }
+  bool first_step_done() const { return first_step_done_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::int64_t> steps_done_{-1};
+  std::atomic<std::int64_t> micro_batch_{-1};
+  std::atomic<bool> first_step_done_{false};
+};
 
 struct WatchdogOptions {
   // Deadline of a collective once this rank has entered it (zero3.comm.timeout_s).
@@ -92,6 +107,9 @@ class Watchdog {
   ~Watchdog();  // stops the thread (waits for a failure being handled: that one ends the process)
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
+
+  // The loop's position this watchdog publishes, stamps on the records and picks deadlines by.
+  LoopProgress& progress();
 
  private:
   struct Impl;

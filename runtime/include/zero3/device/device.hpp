@@ -20,6 +20,21 @@
 
 namespace zero3 {
 
+// What a backend can do, as data, so callers decide by capability instead of by DeviceKind.
+struct DeviceCaps {
+  // Where host-side staging (scalars read back, values made on the host, tensors copied out) lives: pinned
+  // where the device copies to and from the host asynchronously only out of page-locked memory (cuda);
+  // pageable where "device" memory is host memory already (host).
+  MemoryKind host_staging = MemoryKind::pinned_host;
+  // Pinned-host memory is locked with mlock, and so bound by RLIMIT_MEMLOCK (host); cuda pins with
+  // cudaHostAlloc, which that limit does not bind.
+  bool pins_by_mlock = false;
+  // Device-kind memory is addressable by host code and host libraries (MPI): true on the host backend.
+  bool device_memory_on_host = false;
+};
+// The capabilities of a backend, for planning before any device exists (the memory plan).
+DeviceCaps device_caps(DeviceKind kind);
+
 // Move-only owner of one typed allocation; frees it (and updates the accounting) on destruction.
 // The owner must keep a buffer alive until work that uses it has completed.
 class Buffer {
@@ -62,6 +77,7 @@ class Device {
   Device& operator=(const Device&) = delete;
 
   virtual DeviceKind kind() const = 0;
+  DeviceCaps caps() const { return device_caps(kind()); }
   virtual std::string description() const = 0;
   // PCI bus id of the accelerator ("0000:3b:00.0"), for NUMA placement of its host buffers; nullopt for the
   // host backend.

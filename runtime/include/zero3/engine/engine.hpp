@@ -64,6 +64,10 @@
 
 namespace zero3 {
 
+namespace comm {
+class Watchdog;
+}
+
 class Engine {
  public:
   class GatherScope;
@@ -155,6 +159,9 @@ class Engine {
   comm::Communicator& communicator();
   // The bootstrap the engine was made with (EngineResources::bootstrap) or made itself.
   std::shared_ptr<comm::Bootstrap> bootstrap() const;
+  // The watchdog over this process's collectives (zero3/comm/watchdog.hpp). The engine keeps its
+  // progress at every step(); a training loop that tags collectives with its own position sets it there.
+  comm::Watchdog& watchdog();
   const config::Config& config() const;
   EngineStats stats() const;
   void reset_peaks();
