@@ -175,8 +175,9 @@ void run_keys(const KeysArgs& args) {
             "|---|---|---|---|---|---|\n",
             k.block.empty() ? "top level" : k.block, block_rule_line(k.block));
       }
-      std::cout << fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", k.key, cell(k.type), cell(k.default_value),
-                               config::to_string(k.support), config::to_string(k.auto_rule), cell(k.note));
+      std::cout << fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", k.key, cell(config::type_text(k.type)),
+                               cell(k.default_value), config::to_string(k.support), config::to_string(k.auto_rule),
+                               cell(k.note));
     } else {
       if (k.block != last_block) {
         std::cout << fmt::format("\n[{}]  {}\n", k.block.empty() ? "top level" : k.block, block_rule_line(k.block));
