@@ -4,7 +4,10 @@
 // schema.cpp, a read here and a write in to_json.cpp.
 #include <fmt/format.h>
 
+#include <vector>
+
 #include "parse_blocks.hpp"
+#include "zero3/config/model_types.hpp"
 
 namespace zero3::config::detail {
 
@@ -67,10 +70,13 @@ void parse_model(ObjectReader& z, Context& cx) {
   if (j == nullptr) return;
   ObjectReader r(*j, z.path_of("model"), "zero3.model", cx.sink);
   ModelSettings m;
-  std::string type = "gpt";
-  r.get_choice("type", type, {"gpt", "mlp", "llama"});
-  m.type = type == "mlp" ? ModelType::mlp : type == "llama" ? ModelType::llama : ModelType::gpt;
-  const bool llama = m.type == ModelType::llama;
+  std::vector<std::string_view> names;
+  for (const ModelTypeSpec& t : model_types()) names.push_back(t.name);
+  std::string type(names.front());
+  r.get_choice("type", type, names);
+  const ModelTypeSpec& spec = *find_model_type(type);
+  m.type = spec.type;
+  const bool llama = spec.decoder_options;
   HfShape from_hf;
   if (llama && r.get_string("hf_config", m.hf_config) == Got::value) from_hf = read_hf_config(r, m);
   if (!llama) {
@@ -91,7 +97,6 @@ void parse_model(ObjectReader& z, Context& cx) {
     if (got == Got::value) *out = v;
     if (got == Got::absent && !from_hf.has(key)) require(r, key, got);
   }
-  const bool gpt = m.type == ModelType::gpt;
   const std::int64_t heads_from_file = m.heads;
   std::int64_t heads_value = 0;
   const Got heads = r.get_int("heads", heads_value);
@@ -103,10 +108,10 @@ void parse_model(ObjectReader& z, Context& cx) {
     m.heads = heads_value;
   }
   const Got seq = r.get_int("seq_len", m.seq_len);
-  if (gpt || llama) {
+  if (spec.sequence_model) {
     if (!from_hf.has("heads")) require(r, "heads", heads, fmt::format(" (a {} model needs it)", type));
     require(r, "seq_len", seq, fmt::format(" (a {} model needs it)", type));
-    if (gpt && heads == Got::value && m.hidden_size > 0 && m.hidden_size % m.heads != 0) {
+    if (spec.heads_divide_hidden && heads == Got::value && m.hidden_size > 0 && m.hidden_size % m.heads != 0) {
       r.error("heads", fmt::format("hidden_size ({}) is not divisible by heads ({})", m.hidden_size, m.heads));
     }
   } else {

@@ -1,3 +1,5 @@
+#include "reader.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -6,7 +8,6 @@
 #include <limits>
 #include <vector>
 
-#include "reader.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::config::detail {
@@ -398,7 +399,7 @@ Got ObjectReader::get_optional_string(std::string_view key, std::optional<std::s
   return Got::value;
 }
 
-Got ObjectReader::get_choice(std::string_view key, std::string& out, std::initializer_list<std::string_view> choices,
+Got ObjectReader::get_choice(std::string_view key, std::string& out, std::span<const std::string_view> choices,
                              bool ignore_case) {
   const bool auto_is_choice = std::find(choices.begin(), choices.end(), "auto") != choices.end();
   Got got;

@@ -106,8 +106,12 @@ class ObjectReader {
   Got get_optional_int(std::string_view key, std::optional<std::int64_t>& out);
   Got get_optional_string(std::string_view key, std::optional<std::string>& out);
   // One of `choices`; ignore_case compares ASCII case-insensitively and stores the canonical spelling.
-  Got get_choice(std::string_view key, std::string& out, std::initializer_list<std::string_view> choices,
+  Got get_choice(std::string_view key, std::string& out, std::span<const std::string_view> choices,
                  bool ignore_case = false);
+  Got get_choice(std::string_view key, std::string& out, std::initializer_list<std::string_view> choices,
+                 bool ignore_case = false) {
+    return get_choice(key, out, std::span<const std::string_view>(choices.begin(), choices.size()), ignore_case);
+  }
   // A sub-object: nullptr when absent, null (if null_ok) or not an object (an error is reported).
   const Json* get_object(std::string_view key, bool null_ok = false);
 

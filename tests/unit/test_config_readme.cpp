@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "zero3/config/key_table.hpp"
+#include "zero3/config/model_types.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/config/schema.hpp"
 
@@ -118,4 +119,18 @@ TEST_CASE("a row's default is the value the parser leaves when the key is absent
     }
   }
   CHECK(compared > 100);
+}
+
+TEST_CASE("zero3.model.type's row names the model type table's types, in order", "[config][schema]") {
+  std::string names;
+  for (const ModelTypeSpec& t : model_types()) names += (names.empty() ? "\"" : " | \"") + std::string(t.name) + "\"";
+  const KeySpec* type = find_key("zero3.model", "type");
+  REQUIRE(type != nullptr);
+  CHECK(type_text(type->type) == names);
+  CHECK(type->default_value == "\"" + std::string(model_types().front().name) + "\"");
+  for (const ModelTypeSpec& t : model_types()) {
+    CHECK(find_model_type(t.name) == &t);
+    CHECK(to_string(t.type) == t.name);
+  }
+  CHECK(find_model_type("bert") == nullptr);
 }
