@@ -45,7 +45,7 @@ void parse_batch(ObjectReader& top, Context& cx) {
   const std::int64_t w = world;
   Factor tb(kTb), mb(kMb), gas(kGas);
   for (Factor* f : {&tb, &mb, &gas}) {
-    f->got = top.get_int(f->key, f->value, IntRange::at_least(1));
+    f->got = top.get_int(f->key, f->value);
     f->known = f->got == Got::value;
   }
   if (tb.got == Got::invalid || mb.got == Got::invalid || gas.got == Got::invalid) return;

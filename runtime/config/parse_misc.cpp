@@ -23,10 +23,10 @@ void parse_fp16(ObjectReader& top, Context& cx) {
     r.sink().resolved(r.path_of("enabled"), "false", "\"auto\": off (zero3 has no --fp16 flag to take it from)");
   }
   f.auto_cast = r.not_implemented_if_true("auto_cast", "casting forward inputs to fp16 is not implemented");
-  r.get_number("loss_scale", f.loss_scale, NumRange::at_least(0.0));
-  r.get_int("initial_scale_power", f.initial_scale_power, IntRange::between(0, 126));
+  r.get_number("loss_scale", f.loss_scale);
+  r.get_int("initial_scale_power", f.initial_scale_power);
   r.get_int("loss_scale_window", f.loss_scale_window);
-  r.get_int("hysteresis", f.hysteresis, IntRange::at_least(1));
+  r.get_int("hysteresis", f.hysteresis);
   r.get_bool("consecutive_hysteresis", f.consecutive_hysteresis);
   r.get_int("min_loss_scale", f.min_loss_scale);
   if (f.dynamic_loss_scale()) {
@@ -194,7 +194,7 @@ void parse_profilers(ObjectReader& top, Context& cx) {
     a.partition_activations = r.not_implemented_if_true("partition_activations", kWhat);
     a.cpu_checkpointing = r.not_implemented_if_true("cpu_checkpointing", kWhat);
     a.contiguous_memory_optimization = r.not_implemented_if_true("contiguous_memory_optimization", kWhat);
-    if (r.get_optional_int("number_checkpoints", a.number_checkpoints, IntRange::at_least(1)) == Got::value) {
+    if (r.get_optional_int("number_checkpoints", a.number_checkpoints) == Got::value) {
       r.not_implemented("number_checkpoints", std::string(kWhat));
     }
     a.synchronize_checkpoint_boundary = r.not_implemented_if_true("synchronize_checkpoint_boundary", kWhat);
@@ -205,10 +205,10 @@ void parse_profilers(ObjectReader& top, Context& cx) {
     ObjectReader r(*j, "flops_profiler", "flops_profiler", cx.sink);
     FlopsProfilerConfig& f = cx.config.flops_profiler;
     f.enabled = r.not_implemented_if_true("enabled", "the flops profiler is not implemented");
-    r.get_number("recompute_fwd_factor", f.recompute_fwd_factor, NumRange::at_least(0.0));
-    r.get_int("profile_step", f.profile_step, IntRange::at_least(1));
-    r.get_int("module_depth", f.module_depth, IntRange::at_least(-1));
-    r.get_int("top_modules", f.top_modules, IntRange::at_least(1));
+    r.get_number("recompute_fwd_factor", f.recompute_fwd_factor);
+    r.get_int("profile_step", f.profile_step);
+    r.get_int("module_depth", f.module_depth);
+    r.get_int("top_modules", f.top_modules);
     r.get_bool("detailed", f.detailed);
     r.get_optional_string("output_file", f.output_file);
     r.finish();
@@ -229,15 +229,15 @@ void parse_precision(ObjectReader& top, Context& cx) {
 
 void parse_top_scalars(ObjectReader& top, Context& cx) {
   Config& c = cx.config;
-  if (top.get_number("gradient_clipping", c.gradient_clipping, NumRange::at_least(0.0)) == Got::automatic) {
+  if (top.get_number("gradient_clipping", c.gradient_clipping) == Got::automatic) {
     c.gradient_clipping = 1.0;
     cx.sink.resolved("gradient_clipping", "1.0", "\"auto\": 1.0, the DeepSpeed default (HF's max_grad_norm default)");
   }
-  top.get_optional_int("steps_per_print", c.steps_per_print, IntRange::at_least(1));
+  top.get_optional_int("steps_per_print", c.steps_per_print);
   top.get_bool("wall_clock_breakdown", c.wall_clock_breakdown);
   top.get_bool("memory_breakdown", c.memory_breakdown);
   top.get_bool("prescale_gradients", c.prescale_gradients);
-  top.get_number("gradient_predivide_factor", c.gradient_predivide_factor, NumRange::above(0.0));
+  top.get_number("gradient_predivide_factor", c.gradient_predivide_factor);
   std::string op = "mean";
   top.get_choice("gradient_allreduce_op", op, {"mean", "sum"}, /*ignore_case=*/true);
   const bool stage3 = c.zero.stage == 3;
@@ -282,15 +282,15 @@ void parse_top_scalars(ObjectReader& top, Context& cx) {
     top.not_implemented("managed_gradient_accumulation", "client-managed accumulation boundaries are not implemented");
   }
   std::optional<std::int64_t> vocab;
-  top.get_optional_int("vocabulary_size", vocab, IntRange::at_least(1));
+  top.get_optional_int("vocabulary_size", vocab);
   std::optional<std::string> log_level;
   top.get_optional_string("log_level", log_level);
   std::int64_t sp = 1;
-  if (top.get_int("sequence_parallel_size", sp, IntRange::at_least(1)) == Got::value && sp > 1) {
+  if (top.get_int("sequence_parallel_size", sp) == Got::value && sp > 1) {
     top.not_implemented("sequence_parallel_size", "sequence parallelism is not implemented");
   }
   std::int64_t allgather_size = 0;
-  top.get_int("allgather_size", allgather_size, IntRange::at_least(0));
+  top.get_int("allgather_size", allgather_size);
 }
 
 void parse_misc_blocks(ObjectReader& top, Context& cx) {

@@ -84,11 +84,11 @@ void reject_max_grad_norm(ObjectReader& r) {
 }
 
 void parse_adam(ObjectReader& r, OptimizerConfig& o) {
-  auto_to_hf(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), o.lr, kHfLearningRate, "learning_rate");
+  auto_to_hf(r, "lr", r.get_number("lr", o.lr), o.lr, kHfLearningRate, "learning_rate");
   read_betas(r, o.betas);
-  auto_to_hf(r, "eps", r.get_number("eps", o.eps, NumRange::above(0.0)), o.eps, kHfEps, "adam_epsilon");
-  auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)), o.weight_decay,
-             kHfWeightDecay, "weight_decay");
+  auto_to_hf(r, "eps", r.get_number("eps", o.eps), o.eps, kHfEps, "adam_epsilon");
+  auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay), o.weight_decay, kHfWeightDecay,
+             "weight_decay");
   r.get_bool("bias_correction", o.bias_correction);
   bool adam_w_mode = true;  // DeepSpeed's default
   const Got mode = r.get_bool("adam_w_mode", adam_w_mode);
@@ -108,10 +108,10 @@ void parse_adam(ObjectReader& r, OptimizerConfig& o) {
 }
 
 void parse_lion(ObjectReader& r, OptimizerConfig& o) {
-  auto_to_hf(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), o.lr, kHfLearningRate, "learning_rate");
+  auto_to_hf(r, "lr", r.get_number("lr", o.lr), o.lr, kHfLearningRate, "learning_rate");
   read_betas(r, o.betas);
-  auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)), o.weight_decay,
-             kHfWeightDecay, "weight_decay");
+  auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay), o.weight_decay, kHfWeightDecay,
+             "weight_decay");
   if (r.get_bool("fp32_optimizer_states", o.fp32_optimizer_states) == Got::value && !o.fp32_optimizer_states) {
     r.not_implemented("fp32_optimizer_states", "16-bit optimizer states are not implemented");
   }
@@ -122,13 +122,13 @@ void parse_lion(ObjectReader& r, OptimizerConfig& o) {
 void parse_adagrad(ObjectReader& r, OptimizerConfig& o) {
   o.lr = 1e-2;
   o.eps = 1e-10;
-  auto_to_hf(r, "lr", r.get_number("lr", o.lr, NumRange::at_least(0.0)), o.lr, kHfLearningRate, "learning_rate");
-  auto_to_hf(r, "eps", r.get_number("eps", o.eps, NumRange::above(0.0)), o.eps, kHfEps, "adam_epsilon");
-  auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay, NumRange::at_least(0.0)), o.weight_decay,
-             kHfWeightDecay, "weight_decay");
+  auto_to_hf(r, "lr", r.get_number("lr", o.lr), o.lr, kHfLearningRate, "learning_rate");
+  auto_to_hf(r, "eps", r.get_number("eps", o.eps), o.eps, kHfEps, "adam_epsilon");
+  auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay), o.weight_decay, kHfWeightDecay,
+             "weight_decay");
   for (std::string_view key : {"lr_decay", "initial_accumulator_value"}) {
     double v = 0.0;
-    if (r.get_number(key, v, NumRange::at_least(0.0)) == Got::value && v != 0.0) {
+    if (r.get_number(key, v) == Got::value && v != 0.0) {
       r.not_implemented(key, fmt::format("Adagrad {} != 0 is not implemented", key));
     }
   }

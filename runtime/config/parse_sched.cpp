@@ -33,7 +33,7 @@ constexpr std::array<std::string_view, 15> kTorchSchedulers = {"LambdaLR",
                                                                "PolynomialLR"};
 
 // A learning-rate-like param: a number, or DeepSpeed's per-parameter-group list (zero3 has one group).
-Got get_rate(ObjectReader& r, std::string_view key, double& out, NumRange range = NumRange::at_least(0.0)) {
+Got get_rate(ObjectReader& r, std::string_view key, double& out) {
   const Json* j = r.has(key) ? r.raw(key) : nullptr;
   if (j != nullptr && j->is_array()) {
     if (j->empty() || !std::all_of(j->begin(), j->end(), [](const Json& e) { return e.is_number(); })) {
@@ -44,7 +44,7 @@ Got get_rate(ObjectReader& r, std::string_view key, double& out, NumRange range 
     r.not_implemented(key, "a per-parameter-group list: zero3 has one parameter group (give one number)");
     return Got::value;
   }
-  return r.get_number(key, out, range);
+  return r.get_number(key, out);
 }
 
 void require(ObjectReader& r, std::string_view key, Got got) {
@@ -54,7 +54,7 @@ void require(ObjectReader& r, std::string_view key, Got got) {
 // total_num_steps: "auto" is the run length (the HF Trainer's num_training_steps): zero3.run.steps when the
 // config has it, else left to resolve_run_length at run time.
 void read_total_steps(ObjectReader& r, Context& cx, SchedulerConfig& s) {
-  const Got got = r.get_int("total_num_steps", s.total_num_steps, IntRange::at_least(1));
+  const Got got = r.get_int("total_num_steps", s.total_num_steps);
   require(r, "total_num_steps", got);
   if (got != Got::automatic) return;
   if (cx.config.zero3.run) {
@@ -70,7 +70,7 @@ void read_total_steps(ObjectReader& r, Context& cx, SchedulerConfig& s) {
 // warmup_num_steps: "auto" is what the HF Trainer fills in by default (warmup_steps 0, warmup_ratio 0: no
 // warmup), raised to 1, the least DeepSpeed's warmup schedulers accept.
 void read_warmup_steps(ObjectReader& r, SchedulerConfig& s) {
-  if (r.get_int("warmup_num_steps", s.warmup_num_steps, IntRange::at_least(1)) != Got::automatic) return;
+  if (r.get_int("warmup_num_steps", s.warmup_num_steps) != Got::automatic) return;
   s.warmup_num_steps = 1;
   r.sink().resolved(r.path_of("warmup_num_steps"), "1",
                     "\"auto\": HF Trainer's default is no warmup (warmup_steps 0); 1 is the least DeepSpeed accepts");
@@ -118,7 +118,7 @@ void read_warmup_type(ObjectReader& r, SchedulerConfig& s) {
 }
 
 void parse_params(ObjectReader& p, Context& cx, SchedulerConfig& s) {
-  p.get_int("last_batch_iteration", s.last_batch_iteration, IntRange::at_least(-1));
+  p.get_int("last_batch_iteration", s.last_batch_iteration);
   switch (s.type) {
     case SchedulerType::warmup_lr:
     case SchedulerType::warmup_decay_lr: {
@@ -136,32 +136,32 @@ void parse_params(ObjectReader& p, Context& cx, SchedulerConfig& s) {
     case SchedulerType::warmup_cosine_lr:
       read_total_steps(p, cx, s);
       read_warmup_steps(p, s);
-      p.get_number("warmup_min_ratio", s.warmup_min_ratio, NumRange::between(0.0, 1.0));
-      p.get_number("cos_min_ratio", s.cos_min_ratio, NumRange::between(0.0, 1.0));
+      p.get_number("warmup_min_ratio", s.warmup_min_ratio);
+      p.get_number("cos_min_ratio", s.cos_min_ratio);
       read_warmup_type(p, s);
       break;
     case SchedulerType::one_cycle: {
       require(p, "cycle_min_lr", get_rate(p, "cycle_min_lr", s.cycle_min_lr));
       require(p, "cycle_max_lr", get_rate(p, "cycle_max_lr", s.cycle_max_lr));
-      p.get_number("decay_lr_rate", s.decay_lr_rate, NumRange::at_least(0.0));
-      p.get_int("cycle_first_step_size", s.cycle_first_step_size, IntRange::at_least(1));
+      p.get_number("decay_lr_rate", s.decay_lr_rate);
+      p.get_int("cycle_first_step_size", s.cycle_first_step_size);
       std::optional<std::int64_t> second_size, second_count;
-      p.get_optional_int("cycle_second_step_size", second_size, IntRange::at_least(0));
+      p.get_optional_int("cycle_second_step_size", second_size);
       s.cycle_second_step_size = second_size.value_or(s.cycle_first_step_size);
-      p.get_int("cycle_first_stair_count", s.cycle_first_stair_count, IntRange::at_least(0));
-      p.get_optional_int("cycle_second_stair_count", second_count, IntRange::at_least(0));
+      p.get_int("cycle_first_stair_count", s.cycle_first_stair_count);
+      p.get_optional_int("cycle_second_stair_count", second_count);
       s.cycle_second_stair_count = second_count.value_or(s.cycle_first_stair_count);
-      p.get_int("decay_step_size", s.decay_step_size, IntRange::at_least(0));
+      p.get_int("decay_step_size", s.decay_step_size);
       p.get_bool("cycle_momentum", s.cycle_momentum);
-      get_rate(p, "cycle_min_mom", s.cycle_min_mom, NumRange::half_open(0.0, 1.0));
-      get_rate(p, "cycle_max_mom", s.cycle_max_mom, NumRange::half_open(0.0, 1.0));
-      p.get_number("decay_mom_rate", s.decay_mom_rate, NumRange::at_least(0.0));
+      get_rate(p, "cycle_min_mom", s.cycle_min_mom);
+      get_rate(p, "cycle_max_mom", s.cycle_max_mom);
+      p.get_number("decay_mom_rate", s.decay_mom_rate);
       break;
     }
     case SchedulerType::lr_range_test:
       get_rate(p, "lr_range_test_min_lr", s.lr_range_test_min_lr);
-      p.get_int("lr_range_test_step_size", s.lr_range_test_step_size, IntRange::at_least(1));
-      p.get_number("lr_range_test_step_rate", s.lr_range_test_step_rate, NumRange::at_least(0.0));
+      p.get_int("lr_range_test_step_size", s.lr_range_test_step_size);
+      p.get_number("lr_range_test_step_rate", s.lr_range_test_step_rate);
       p.get_bool("lr_range_test_staircase", s.lr_range_test_staircase);
       break;
   }

@@ -23,17 +23,17 @@ void parse_offload(ObjectReader& zr, Context& cx, std::string_view key, OffloadC
   o.device = device == "cpu" ? OffloadDevice::cpu : device == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
   r.get_optional_string("nvme_path", o.nvme_path);
   r.get_bool("pin_memory", o.pin_memory);
-  r.get_int("buffer_count", o.buffer_count, IntRange::at_least(0));
+  r.get_int("buffer_count", o.buffer_count);
   if (optimizer) {
     o.pipeline_read = r.not_implemented_if_true("pipeline_read", "pipelined NVMe reads are not implemented");
     o.pipeline_write = r.not_implemented_if_true("pipeline_write", "pipelined NVMe writes are not implemented");
     r.get_bool("fast_init", o.fast_init);
-    r.get_number("ratio", o.ratio, NumRange::between(0.0, 1.0));
+    r.get_number("ratio", o.ratio);
     o.super_offload = r.not_implemented_if_true("super_offload", "SuperOffload is not implemented");
-    r.get_number("cpuadam_cores_perc", o.cpuadam_cores_perc, NumRange::between(0.0, 1.0));
+    r.get_number("cpuadam_cores_perc", o.cpuadam_cores_perc);
   } else {
-    r.get_int("buffer_size", o.buffer_size, IntRange::at_least(0));
-    r.get_int("max_in_cpu", o.max_in_cpu, IntRange::at_least(0));
+    r.get_int("buffer_size", o.buffer_size);
+    r.get_int("max_in_cpu", o.max_in_cpu);
   }
   if (o.device == OffloadDevice::nvme) {
     if (!o.nvme_path || o.nvme_path->empty()) r.error("nvme_path", "required when device is \"nvme\"");
@@ -76,18 +76,17 @@ void auto_from_hidden(ObjectReader& r, Context& cx, std::string_view key, std::i
 
 void parse_stage3_keys(ObjectReader& r, Context& cx, ZeroConfig& z) {
   auto key = r.pick("stage3_prefetch_bucket_size", "prefetch_bucket_size");
-  if (r.get_int(key, z.prefetch_bucket_size, IntRange::at_least(0)) == Got::automatic) {
+  if (r.get_int(key, z.prefetch_bucket_size) == Got::automatic) {
     auto_from_hidden(r, cx, key, z.prefetch_bucket_size, "int(0.9 * h * h)",
                      [](std::int64_t h) { return static_cast<std::int64_t>(0.9 * static_cast<double>(h * h)); });
   }
   key = r.pick("stage3_param_persistence_threshold", "param_persistence_threshold");
-  if (r.get_int(key, z.param_persistence_threshold, IntRange::at_least(0)) == Got::automatic) {
+  if (r.get_int(key, z.param_persistence_threshold) == Got::automatic) {
     auto_from_hidden(r, cx, key, z.param_persistence_threshold, "10 * h", [](std::int64_t h) { return 10 * h; });
   }
-  r.get_int(r.pick("stage3_model_persistence_threshold", "model_persistence_threshold"), z.model_persistence_threshold,
-            IntRange::at_least(0));
-  r.get_int(r.pick("stage3_max_live_parameters", "max_live_parameters"), z.max_live_parameters, IntRange::at_least(0));
-  r.get_int(r.pick("stage3_max_reuse_distance", "max_reuse_distance"), z.max_reuse_distance, IntRange::at_least(0));
+  r.get_int(r.pick("stage3_model_persistence_threshold", "model_persistence_threshold"), z.model_persistence_threshold);
+  r.get_int(r.pick("stage3_max_live_parameters", "max_live_parameters"), z.max_live_parameters);
+  r.get_int(r.pick("stage3_max_reuse_distance", "max_reuse_distance"), z.max_reuse_distance);
 
   key = r.pick("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save");
   const bool new_given = r.has(key);
@@ -117,8 +116,7 @@ void parse_stage3_keys(ObjectReader& r, Context& cx, ZeroConfig& z) {
 }
 
 void parse_zero_variants(ObjectReader& r, Context& cx, ZeroConfig& z) {
-  if (r.get_int("zero_hpz_partition_size", z.zero_hpz_partition_size, IntRange::at_least(0)) == Got::value &&
-      z.zero_hpz_partition_size > 1) {
+  if (r.get_int("zero_hpz_partition_size", z.zero_hpz_partition_size) == Got::value && z.zero_hpz_partition_size > 1) {
     r.not_implemented("zero_hpz_partition_size", "ZeRO++ hierarchical partitioning (hpZ) is not implemented");
   }
   z.zero_quantized_weights =
@@ -177,7 +175,7 @@ void parse_zero_optimization(ObjectReader& top, Context& cx) {
   if (j != nullptr && j->is_object()) {
     ObjectReader r(*j, std::string(kZero), kZero, cx.sink);
     std::int64_t stage = 0;
-    if (r.get_int("stage", stage, IntRange::between(0, 3)) == Got::automatic) {
+    if (r.get_int("stage", stage) == Got::automatic) {
       stage = 3;
       r.sink().resolved(r.path_of("stage"), "3", "\"auto\": zero3 runs ZeRO stage 3 (DeepSpeed would use 0)");
     }
@@ -196,11 +194,11 @@ void parse_zero_optimization(ObjectReader& top, Context& cx) {
     if (r.get_bool("reduce_scatter", z.reduce_scatter) == Got::value && !z.reduce_scatter && z.stage == 3) {
       r.not_implemented("reduce_scatter", "false (all-reduce of gradients) is not implemented; zero3 reduce-scatters");
     }
-    if (r.get_int("reduce_bucket_size", z.reduce_bucket_size, IntRange::at_least(1)) == Got::automatic) {
+    if (r.get_int("reduce_bucket_size", z.reduce_bucket_size) == Got::automatic) {
       auto_from_hidden(r, cx, "reduce_bucket_size", z.reduce_bucket_size, "h * h",
                        [](std::int64_t h) { return h * h; });
     }
-    r.get_int("allgather_bucket_size", z.allgather_bucket_size, IntRange::at_least(0));
+    r.get_int("allgather_bucket_size", z.allgather_bucket_size);
     r.get_bool("load_from_fp32_weights", z.load_from_fp32_weights);
     bool elastic = false;
     if (r.get_bool("elastic_checkpoint", elastic) == Got::value && elastic && z.stage == 3) {
@@ -210,7 +208,7 @@ void parse_zero_optimization(ObjectReader& top, Context& cx) {
     if (r.get_bool("legacy_stage1", legacy) == Got::value && legacy) {
       r.error("legacy_stage1", "true is not supported (DeepSpeed raises: the legacy stage 1 was removed)");
     }
-    r.get_int("sub_group_size", z.sub_group_size, IntRange::at_least(0));
+    r.get_int("sub_group_size", z.sub_group_size);
     parse_stage3_keys(r, cx, z);
     parse_offload(r, cx, "offload_param", z.offload_param, /*optimizer=*/false);
     parse_offload(r, cx, "offload_optimizer", z.offload_optimizer, /*optimizer=*/true);
@@ -246,13 +244,13 @@ void parse_aio(ObjectReader& top, Context& cx) {
   if (j == nullptr) return;
   ObjectReader r(*j, "aio", "aio", cx.sink);
   AioConfig& a = cx.config.aio;
-  r.get_int("block_size", a.block_size, IntRange::at_least(1));
-  r.get_int("queue_depth", a.queue_depth, IntRange::at_least(1));
+  r.get_int("block_size", a.block_size);
+  r.get_int("queue_depth", a.queue_depth);
   const bool replacement = r.has("intra_op_parallelism");
-  r.get_int("intra_op_parallelism", a.intra_op_parallelism, IntRange::at_least(1));
+  r.get_int("intra_op_parallelism", a.intra_op_parallelism);
   if (r.has("thread_count")) {
     std::int64_t threads = 1;
-    if (r.get_int("thread_count", threads, IntRange::at_least(1)) == Got::value) {
+    if (r.get_int("thread_count", threads) == Got::value) {
       // DeepSpeed ignores the key since v0.16.4, so both are lint: it is what DeepSpeed would drop.
       if (replacement) {
         r.sink().lint(r.path_of("thread_count"),

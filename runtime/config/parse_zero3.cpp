@@ -4,7 +4,10 @@
 // schema.cpp, a read here and a write in to_json.cpp.
 #include <fmt/format.h>
 
+#include <vector>
+
 #include "parse_blocks.hpp"
+#include "zero3/config/model_types.hpp"
 
 namespace zero3::config::detail {
 
@@ -27,20 +30,20 @@ void parse_llama_keys(ObjectReader& r, ModelSettings& m, const HfShape& from_hf)
     }
   };
   std::int64_t v = 0;
-  const auto int_key = [&](std::string_view key, std::int64_t& out, std::int64_t lo) {
+  const auto int_key = [&](std::string_view key, std::int64_t& out) {
     const std::int64_t from_file = out;
-    if (r.get_int(key, v, IntRange::at_least(lo)) == Got::value) {
+    if (r.get_int(key, v) == Got::value) {
       agree(key, v, from_file, from_hf.has(key));
       out = v;
     }
   };
-  int_key("kv_heads", m.kv_heads, 1);
-  int_key("head_dim", m.head_dim, 2);
-  int_key("intermediate_size", m.intermediate_size, 1);
+  int_key("kv_heads", m.kv_heads);
+  int_key("head_dim", m.head_dim);
+  int_key("intermediate_size", m.intermediate_size);
   double x = 0;
   for (auto [key, out] : {std::pair{"rope_theta", &m.rope_theta}, std::pair{"rms_norm_eps", &m.rms_norm_eps}}) {
     const double from_file = *out;
-    if (r.get_number(key, x, NumRange::above(0.0)) == Got::value) {
+    if (r.get_number(key, x) == Got::value) {
       agree(key, x, from_file, from_hf.has(key));
       *out = x;
     }
@@ -67,10 +70,13 @@ void parse_model(ObjectReader& z, Context& cx) {
   if (j == nullptr) return;
   ObjectReader r(*j, z.path_of("model"), "zero3.model", cx.sink);
   ModelSettings m;
-  std::string type = "gpt";
-  r.get_choice("type", type, {"gpt", "mlp", "llama"});
-  m.type = type == "mlp" ? ModelType::mlp : type == "llama" ? ModelType::llama : ModelType::gpt;
-  const bool llama = m.type == ModelType::llama;
+  std::vector<std::string_view> names;
+  for (const ModelTypeSpec& t : model_types()) names.push_back(t.name);
+  std::string type(names.front());
+  r.get_choice("type", type, names);
+  const ModelTypeSpec& spec = *find_model_type(type);
+  m.type = spec.type;
+  const bool llama = spec.decoder_options;
   HfShape from_hf;
   if (llama && r.get_string("hf_config", m.hf_config) == Got::value) from_hf = read_hf_config(r, m);
   if (!llama) {
@@ -84,17 +90,16 @@ void parse_model(ObjectReader& z, Context& cx) {
                           std::pair{"vocab_size", &m.vocab_size}}) {
     const std::int64_t from_file = *out;
     std::int64_t v = 0;
-    const Got got = r.get_int(key, v, IntRange::at_least(1));
+    const Got got = r.get_int(key, v);
     if (got == Got::value && from_hf.has(key) && v != from_file) {
       r.error(key, fmt::format("{} disagrees with {} in hf_config '{}'", v, from_file, m.hf_config));
     }
     if (got == Got::value) *out = v;
     if (got == Got::absent && !from_hf.has(key)) require(r, key, got);
   }
-  const bool gpt = m.type == ModelType::gpt;
   const std::int64_t heads_from_file = m.heads;
   std::int64_t heads_value = 0;
-  const Got heads = r.get_int("heads", heads_value, IntRange::at_least(1));
+  const Got heads = r.get_int("heads", heads_value);
   if (heads == Got::value) {
     if (from_hf.has("heads") && heads_value != heads_from_file) {
       r.error("heads",
@@ -102,11 +107,11 @@ void parse_model(ObjectReader& z, Context& cx) {
     }
     m.heads = heads_value;
   }
-  const Got seq = r.get_int("seq_len", m.seq_len, IntRange::at_least(1));
-  if (gpt || llama) {
+  const Got seq = r.get_int("seq_len", m.seq_len);
+  if (spec.sequence_model) {
     if (!from_hf.has("heads")) require(r, "heads", heads, fmt::format(" (a {} model needs it)", type));
     require(r, "seq_len", seq, fmt::format(" (a {} model needs it)", type));
-    if (gpt && heads == Got::value && m.hidden_size > 0 && m.hidden_size % m.heads != 0) {
+    if (spec.heads_divide_hidden && heads == Got::value && m.hidden_size > 0 && m.hidden_size % m.heads != 0) {
       r.error("heads", fmt::format("hidden_size ({}) is not divisible by heads ({})", m.hidden_size, m.heads));
     }
   } else {
@@ -141,8 +146,8 @@ void parse_data(ObjectReader& z, Context& cx) {
                                     d.source));
     }
   }
-  r.get_int("markov_order", d.markov_order, IntRange::at_least(1));
-  r.get_number("heldout_fraction", d.heldout_fraction, NumRange::open(0.0, 1.0));
+  r.get_int("markov_order", d.markov_order);
+  r.get_number("heldout_fraction", d.heldout_fraction);
   r.finish();
 }
 
@@ -151,8 +156,8 @@ void parse_run(ObjectReader& z, Context& cx) {
   if (j == nullptr) return;
   ObjectReader r(*j, z.path_of("run"), "zero3.run", cx.sink);
   RunSettings run;
-  require(r, "steps", r.get_int("steps", run.steps, IntRange::at_least(1)));
-  r.get_int("log_interval", run.log_interval, IntRange::at_least(1));
+  require(r, "steps", r.get_int("steps", run.steps));
+  r.get_int("log_interval", run.log_interval);
   r.finish();
   if (run.steps > 0) cx.config.zero3.run = run;
 }
@@ -162,10 +167,10 @@ void parse_comm(ObjectReader& z, Context& cx) {
   if (j == nullptr) return;
   ObjectReader r(*j, z.path_of("comm"), "zero3.comm", cx.sink);
   CommSettings& c = cx.config.zero3.comm;
-  r.get_number("timeout_s", c.timeout_s, NumRange::above(0.0));
+  r.get_number("timeout_s", c.timeout_s);
   double first = 0.0;
-  if (r.get_number("first_step_timeout_s", first, NumRange::above(0.0)) == Got::value) c.first_step_timeout_s = first;
-  r.get_int("flight_records", c.flight_records, IntRange::at_least(16));
+  if (r.get_number("first_step_timeout_s", first) == Got::value) c.first_step_timeout_s = first;
+  r.get_int("flight_records", c.flight_records);
   r.get_bool("desync_check", c.desync_check);
   std::string backend = "auto";
   r.get_choice("backend", backend, {"auto", "mpi", "nccl"});
@@ -193,7 +198,7 @@ void parse_nonfinite(ObjectReader& z, Context& cx) {
   std::string policy = "skip";
   r.get_choice("policy", policy, {"skip", "abort"});
   n.policy = policy == "abort" ? NonfinitePolicy::abort : NonfinitePolicy::skip;
-  r.get_int("max_consecutive", n.max_consecutive, IntRange::at_least(1));
+  r.get_int("max_consecutive", n.max_consecutive);
   r.finish();
 }
 
@@ -208,18 +213,17 @@ void parse_spike(ObjectReader& z, Context& cx) {
   s.detector = detector == "ratio" ? SpikeDetector::ratio : SpikeDetector::zscore;
   // A ratio compares the loss with the mean (so it must exceed 1); a z-score counts standard deviations.
   s.threshold = s.detector == SpikeDetector::ratio ? 2.0 : 6.0;
-  r.get_number("threshold", s.threshold,
-               s.detector == SpikeDetector::ratio ? NumRange::above(1.0) : NumRange::above(0.0));
-  r.get_int("window", s.window, IntRange::at_least(2));
-  r.get_int("warmup_steps", s.warmup_steps, IntRange::at_least(0));
+  r.get_number_in("threshold", s.threshold, s.detector == SpikeDetector::ratio ? num_above(1) : num_above(0));
+  r.get_int("window", s.window);
+  r.get_int("warmup_steps", s.warmup_steps);
   std::string action = "skip";
   r.get_choice("action", action, {"skip", "reset_moments", "rollback"});
   s.action = action == "rollback"        ? SpikeAction::rollback
              : action == "reset_moments" ? SpikeAction::reset_moments
                                          : SpikeAction::skip;
-  r.get_int("rewarm_steps", s.rewarm_steps, IntRange::at_least(1));
-  r.get_int("skip_batches", s.skip_batches, IntRange::at_least(0));
-  r.get_int("max_consecutive", s.max_consecutive, IntRange::at_least(1));
+  r.get_int("rewarm_steps", s.rewarm_steps);
+  r.get_int("skip_batches", s.skip_batches);
+  r.get_int("max_consecutive", s.max_consecutive);
   r.finish();
 }
 
@@ -230,7 +234,7 @@ void parse_zero3_block(ObjectReader& top, Context& cx) {
   if (j == nullptr) return;
   ObjectReader r(*j, "zero3", "zero3", cx.sink);
   Zero3Settings& s = cx.config.zero3;
-  r.get_int("seed", s.seed, IntRange::at_least(0));
+  r.get_int("seed", s.seed);
   r.get_bool("strict", s.strict);
   if (const Json* b = r.raw("pinned_memory_budget_gb")) {
     if (b->is_string() && b->get_ref<const std::string&>() == "auto") {

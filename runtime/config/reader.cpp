@@ -23,25 +23,9 @@ bool iequal(std::string_view a, std::string_view b) {
          std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return lower(x) == lower(y); });
 }
 
-std::string range_text(const IntRange& r) {
-  if (r.min && r.max) return fmt::format("in [{}, {}]", *r.min, *r.max);
-  if (r.min) return *r.min == 1 ? std::string("> 0") : fmt::format(">= {}", *r.min);
-  if (r.max) return fmt::format("<= {}", *r.max);
-  return {};
-}
-
-std::string range_text(const NumRange& r) {
-  if (r.min && r.max) {
-    return fmt::format("in {}{}, {}{}", r.min_open ? '(' : '[', *r.min, *r.max, r.max_open ? ')' : ']');
-  }
-  if (r.min) return fmt::format("{} {}", r.min_open ? ">" : ">=", *r.min);
-  if (r.max) return fmt::format("{} {}", r.max_open ? "<" : "<=", *r.max);
-  return {};
-}
-
-bool in_range(double v, const NumRange& r) {
-  if (r.min && (r.min_open ? !(v > *r.min) : !(v >= *r.min))) return false;
-  if (r.max && (r.max_open ? !(v < *r.max) : !(v <= *r.max))) return false;
+bool in_range(double v, const ValueType& r) {
+  if (r.has_min && (r.min_open ? !(v > r.min) : !(v >= r.min))) return false;
+  if (r.has_max && (r.max_open ? !(v < r.max) : !(v <= r.max))) return false;
   return true;
 }
 
@@ -311,12 +295,13 @@ std::optional<std::int64_t> as_int(const Json& j, bool& fractional) {
 
 }  // namespace
 
-Got ObjectReader::get_int(std::string_view key, std::int64_t& out, IntRange range) {
+Got ObjectReader::get_int(std::string_view key, std::int64_t& out) {
+  const ValueType& range = spec(key).type;
   Got got;
   const Json* j = lookup(key, got);
   if (got == Got::automatic) return on_auto(key, json_text(out));
   if (j == nullptr) return got;
-  const std::string expected = range.min || range.max ? "an integer " + range_text(range) : "an integer";
+  const std::string expected = range.has_range() ? "an integer " + range_text(range) : "an integer";
   bool fractional = false;
   std::optional<std::int64_t> v;
   if (!j->is_number()) {
@@ -334,7 +319,7 @@ Got ObjectReader::get_int(std::string_view key, std::int64_t& out, IntRange rang
     }
     return Got::invalid;
   }
-  if ((range.min && *v < *range.min) || (range.max && *v > *range.max)) {
+  if (!in_range(static_cast<double>(*v), range)) {
     error(key, fmt::format("must be {}, got {}", range_text(range), j->dump()));
     return Got::invalid;
   }
@@ -342,7 +327,7 @@ Got ObjectReader::get_int(std::string_view key, std::int64_t& out, IntRange rang
   return Got::value;
 }
 
-Got ObjectReader::get_optional_int(std::string_view key, std::optional<std::int64_t>& out, IntRange range) {
+Got ObjectReader::get_optional_int(std::string_view key, std::optional<std::int64_t>& out) {
   if (has(key) && object_.find(key)->is_null()) {
     consumed_.insert(std::string(key));
     spec(key);
@@ -350,17 +335,28 @@ Got ObjectReader::get_optional_int(std::string_view key, std::optional<std::int6
     return Got::absent;
   }
   std::int64_t v = out.value_or(0);
-  Got got = get_int(key, v, range);
+  Got got = get_int(key, v);
   if (got == Got::value) out = v;
   return got;
 }
 
-Got ObjectReader::get_number(std::string_view key, double& out, NumRange range) {
+Got ObjectReader::get_number(std::string_view key, double& out) {
+  return read_number(key, out, spec(key).type);
+}
+
+Got ObjectReader::get_number_in(std::string_view key, double& out, const ValueType& range) {
+  if (spec(key).type.has_range()) {
+    throw UsageError(fmt::format("config parser gives '{}' a range its schema row already states", path_of(key)));
+  }
+  return read_number(key, out, range);
+}
+
+Got ObjectReader::read_number(std::string_view key, double& out, const ValueType& range) {
   Got got;
   const Json* j = lookup(key, got);
   if (got == Got::automatic) return on_auto(key, json_text(out));
   if (j == nullptr) return got;
-  const std::string expected = range.min || range.max ? "a number " + range_text(range) : "a number";
+  const std::string expected = range.has_range() ? "a number " + range_text(range) : "a number";
   double v = 0.0;
   if (j->is_number()) {
     v = j->get<double>();
@@ -403,7 +399,7 @@ Got ObjectReader::get_optional_string(std::string_view key, std::optional<std::s
   return Got::value;
 }
 
-Got ObjectReader::get_choice(std::string_view key, std::string& out, std::initializer_list<std::string_view> choices,
+Got ObjectReader::get_choice(std::string_view key, std::string& out, std::span<const std::string_view> choices,
                              bool ignore_case) {
   const bool auto_is_choice = std::find(choices.begin(), choices.end(), "auto") != choices.end();
   Got got;

@@ -1,7 +1,7 @@
-// The typed view of one JSON object used by every block parser: getters that check type, range and "auto"
-// and report problems by JSON path, plus the end-of-block check that reports every key the schema does not
-// know, with a did-you-mean, as DeepSpeed's validation of that block would treat it.
-// One Sink collects all diagnostics of a parse. Internal.
+// The typed view of one JSON object used by every block parser: getters that check type, the range of the
+// key's schema row and "auto", and report problems by JSON path, plus the end-of-block check that reports every key the
+// schema does not know, with a did-you-mean, as DeepSpeed's validation of that block would treat it. One Sink collects
+// all diagnostics of a parse. Internal.
 #pragma once
 
 #include <cstdint>
@@ -55,27 +55,6 @@ enum class Got : std::uint8_t {
   invalid,    // wrong type or out of range; an error was reported and the output keeps its default
 };
 
-struct IntRange {
-  std::optional<std::int64_t> min;
-  std::optional<std::int64_t> max;
-
-  static IntRange at_least(std::int64_t lo) { return {lo, std::nullopt}; }
-  static IntRange between(std::int64_t lo, std::int64_t hi) { return {lo, hi}; }
-};
-
-struct NumRange {
-  std::optional<double> min;
-  std::optional<double> max;
-  bool min_open = false;  // min itself is excluded
-  bool max_open = false;  // max itself is excluded
-
-  static NumRange at_least(double lo) { return {lo, std::nullopt, false, false}; }
-  static NumRange above(double lo) { return {lo, std::nullopt, true, false}; }
-  static NumRange between(double lo, double hi) { return {lo, hi, false, false}; }
-  static NumRange half_open(double lo, double hi) { return {lo, hi, false, true}; }  // [lo, hi)
-  static NumRange open(double lo, double hi) { return {lo, hi, true, true}; }        // (lo, hi)
-};
-
 // "5.5", "true", "null", "the string \"abc\"", "an object", "an array".
 std::string describe(const Json& j);
 // A value as JSON text, for resolutions: 8, 0.0001, true, "cpu".
@@ -116,15 +95,23 @@ class ObjectReader {
   void skip_known();
 
   Got get_bool(std::string_view key, bool& out);
-  Got get_int(std::string_view key, std::int64_t& out, IntRange range = {});
-  Got get_number(std::string_view key, double& out, NumRange range = {});
+  // Integers and numbers must lie in the range of the key's schema row (ValueType).
+  Got get_int(std::string_view key, std::int64_t& out);
+  Got get_number(std::string_view key, double& out);
+  // A number whose range depends on another key's value (the row states it in words): `range` replaces the
+  // row's, which must have none.
+  Got get_number_in(std::string_view key, double& out, const ValueType& range);
   Got get_string(std::string_view key, std::string& out);
   // null counts as absent and resets the output to nullopt.
-  Got get_optional_int(std::string_view key, std::optional<std::int64_t>& out, IntRange range = {});
+  Got get_optional_int(std::string_view key, std::optional<std::int64_t>& out);
   Got get_optional_string(std::string_view key, std::optional<std::string>& out);
   // One of `choices`; ignore_case compares ASCII case-insensitively and stores the canonical spelling.
-  Got get_choice(std::string_view key, std::string& out, std::initializer_list<std::string_view> choices,
+  Got get_choice(std::string_view key, std::string& out, std::span<const std::string_view> choices,
                  bool ignore_case = false);
+  Got get_choice(std::string_view key, std::string& out, std::initializer_list<std::string_view> choices,
+                 bool ignore_case = false) {
+    return get_choice(key, out, std::span<const std::string_view>(choices.begin(), choices.size()), ignore_case);
+  }
   // A sub-object: nullptr when absent, null (if null_ok) or not an object (an error is reported).
   const Json* get_object(std::string_view key, bool null_ok = false);
 
@@ -151,6 +138,7 @@ class ObjectReader {
   // Applies the key's AutoRule to an "auto" value; `default_text` is the value kept for ds_default.
   Got on_auto(std::string_view key, const std::string& default_text);
   Got type_error(std::string_view key, std::string_view expected, const Json& j);
+  Got read_number(std::string_view key, double& out, const ValueType& range);
   // A value of another JSON type that DeepSpeed's pydantic model converts (lax mode): a lint warning.
   void converted(std::string_view key, const Json& j, const std::string& value);
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "json_reader.hpp"
+#include "zero3/config/model_types.hpp"
 #include "zero3/config/parse.hpp"
 
 namespace zero3::config {
@@ -60,17 +61,6 @@ std::string_view to_string(TagValidation v) {
       return "Fail";
   }
   return "?";
-}
-std::string_view to_string(ModelType v) {
-  switch (v) {
-    case ModelType::mlp:
-      return "mlp";
-    case ModelType::llama:
-      return "llama";
-    case ModelType::gpt:
-      break;
-  }
-  return "gpt";
 }
 std::string_view to_string(CommBackend v) {
   switch (v) {
@@ -282,7 +272,7 @@ Json zero3_json(const Zero3Settings& s) {
     m["vocab_size"] = s.model->vocab_size;
     m["seq_len"] = s.model->seq_len;
     if (!s.model->init_from.empty()) m["init_from"] = s.model->init_from;
-    if (s.model->type == ModelType::llama) {
+    if (model_type_spec(s.model->type).decoder_options) {
       m["kv_heads"] = s.model->kv_heads;
       m["head_dim"] = s.model->head_dim;
       m["intermediate_size"] = s.model->intermediate_size;

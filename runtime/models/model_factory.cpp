@@ -51,49 +51,71 @@ LlamaConfig llama_config(const config::ModelSettings& m) {
   return c;
 }
 
-void validate_train_model(const config::ModelSettings& model) {
-  switch (model.type) {
-    case config::ModelType::mlp:
-      return validate(mlp_config(model));
-    case config::ModelType::llama:
-      return validate(llama_config(model));
-    case config::ModelType::gpt:
-      return validate(gpt_config(model));
+namespace {
+
+// One row per model type: what checks, counts and builds it. The config's own table (config/model_types.hpp)
+// gives the spelling and the keys a type takes; this one gives the code behind each type.
+struct TrainModelEntry {
+  config::ModelType type;
+  void (*validate)(const config::ModelSettings&);
+  std::size_t (*num_params)(const config::ModelSettings&);
+  bool predicts_every_position;  // else only the window's last token (the MLP)
+  std::unique_ptr<UnitModel> (*build)(const config::ModelSettings&, Device&);
+};
+
+std::unique_ptr<UnitModel> build_gpt(const config::ModelSettings& m, Device& device) {
+  if (device.kind() == DeviceKind::host) return make_host_gpt(gpt_config(m));
+  return make_cuda_gpt(gpt_config(m), device);
+}
+
+std::unique_ptr<UnitModel> build_llama(const config::ModelSettings& m, Device& device) {
+  if (device.kind() == DeviceKind::host) return make_host_llama(llama_config(m));
+  return make_cuda_llama(llama_config(m), device);
+}
+
+std::unique_ptr<UnitModel> build_mlp(const config::ModelSettings& m, Device& device) {
+  if (device.kind() != DeviceKind::host) {
+    throw ConfigError(
+        "zero3.model.type: the MLP is computed on the host only; use \"zero3\": {\"device\": \"host\"} or the "
+        "\"gpt\" model");
   }
+  return make_host_mlp(mlp_config(m));
+}
+
+constinit const TrainModelEntry kTrainModels[] = {
+    {config::ModelType::gpt, [](const config::ModelSettings& m) { validate(gpt_config(m)); },
+     [](const config::ModelSettings& m) { return gpt_num_params(gpt_config(m)); }, true, build_gpt},
+    {config::ModelType::mlp, [](const config::ModelSettings& m) { validate(mlp_config(m)); },
+     [](const config::ModelSettings& m) { return mlp_num_params(mlp_config(m)); }, false, build_mlp},
+    {config::ModelType::llama, [](const config::ModelSettings& m) { validate(llama_config(m)); },
+     [](const config::ModelSettings& m) { return llama_num_params(llama_config(m)); }, true, build_llama},
+};
+
+const TrainModelEntry& entry(const config::ModelSettings& model) {
+  for (const TrainModelEntry& e : kTrainModels) {
+    if (e.type == model.type) return e;
+  }
+  throw ConfigError(fmt::format("zero3.model.type: no model is registered for \"{}\"", to_string(model.type)));
+}
+
+}  // namespace
+
+void validate_train_model(const config::ModelSettings& model) {
+  entry(model).validate(model);
 }
 
 std::size_t train_model_params(const config::ModelSettings& model) {
-  switch (model.type) {
-    case config::ModelType::mlp:
-      return mlp_num_params(mlp_config(model));
-    case config::ModelType::llama:
-      return llama_num_params(llama_config(model));
-    case config::ModelType::gpt:
-      break;
-  }
-  return gpt_num_params(gpt_config(model));
+  return entry(model).num_params(model);
 }
 
 std::int64_t predictions_per_window(const config::ModelSettings& model) {
-  return model.type == config::ModelType::mlp ? 1 : model.seq_len;
+  return entry(model).predicts_every_position ? model.seq_len : 1;
 }
 
 std::unique_ptr<UnitModel> make_train_model(const config::ModelSettings& model, Device& device) {
-  validate_train_model(model);
-  if (model.type == config::ModelType::mlp) {
-    if (device.kind() != DeviceKind::host) {
-      throw ConfigError(
-          "zero3.model.type: the MLP is computed on the host only; use \"zero3\": {\"device\": \"host\"} or the "
-          "\"gpt\" model");
-    }
-    return make_host_mlp(mlp_config(model));
-  }
-  if (model.type == config::ModelType::llama) {
-    if (device.kind() == DeviceKind::host) return make_host_llama(llama_config(model));
-    return make_cuda_llama(llama_config(model), device);
-  }
-  if (device.kind() == DeviceKind::host) return make_host_gpt(gpt_config(model));
-  return make_cuda_gpt(gpt_config(model), device);
+  const TrainModelEntry& e = entry(model);
+  e.validate(model);
+  return e.build(model, device);
 }
 
 }  // namespace zero3::models

@@ -18,3 +18,8 @@ if(TARGET zero3)
                    ${CMAKE_CURRENT_LIST_DIR}/../../configs ${CMAKE_CURRENT_LIST_DIR}/../data/configs)
   set_tests_properties(unit.config_cli PROPERTIES LABELS "unit" TIMEOUT 120)
 endif()
+
+# configs/README.md's key table against the one rendered from the schema rows (tools/gen-config-keys.sh).
+zero3_unit_test(config_readme SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_config_readme.cpp LIBS zero3_config
+                nlohmann_json::nlohmann_json)
+target_compile_definitions(test_config_readme PRIVATE ZERO3_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "zero3/config/key_table.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/config/schema.hpp"
 #include "zero3/optim/lr_schedule.hpp"
@@ -145,46 +146,21 @@ int run_lr_schedule(const LrScheduleArgs& args) {
   return kExitValid;
 }
 
-// A markdown table cell: '|' would end the cell.
-std::string cell(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '|') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-// "DeepSpeed 0.19.8: DeepSpeedZeroConfig (runtime/zero/config.py), strict model: unknown keys rejected (since 0.7.0)"
-std::string block_rule_line(std::string_view block) {
-  const config::BlockRule* rule = config::find_block_rule(block);
-  if (rule == nullptr) return {};
-  if (rule->validation == config::Validation::zero3_own) return std::string(config::to_string(rule->validation));
-  return fmt::format("DeepSpeed: {}, {} ({})", rule->reader, config::to_string(rule->validation),
-                     rule->since == "always" ? std::string("in every release") : fmt::format("since {}", rule->since));
-}
-
 void run_keys(const KeysArgs& args) {
+  if (args.markdown) {
+    std::cout << config::key_table_markdown(args.block);
+    return;
+  }
   std::string_view last_block = "\x01";
   for (const auto& k : config::known_keys()) {
     if (!args.block.empty() && k.block != args.block) continue;
-    if (args.markdown) {
-      if (k.block != last_block) {
-        std::cout << fmt::format(
-            "\n### {}\n\n{}\n\n| key | type | default | zero3 | \"auto\" | notes |\n"
-            "|---|---|---|---|---|---|\n",
-            k.block.empty() ? "top level" : k.block, block_rule_line(k.block));
-      }
-      std::cout << fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", k.key, cell(k.type), cell(k.default_value),
-                               config::to_string(k.support), config::to_string(k.auto_rule), cell(k.note));
-    } else {
-      if (k.block != last_block) {
-        std::cout << fmt::format("\n[{}]  {}\n", k.block.empty() ? "top level" : k.block, block_rule_line(k.block));
-      }
-      std::string line = fmt::format("  {:<42} {:<28} {}", k.key, config::to_string(k.support), k.note);
-      line.erase(line.find_last_not_of(' ') + 1);
-      std::cout << line << '\n';
+    if (k.block != last_block) {
+      std::cout << fmt::format("\n[{}]  {}\n", k.block.empty() ? "top level" : k.block,
+                               config::block_rule_line(k.block));
     }
+    std::string line = fmt::format("  {:<42} {:<28} {}", k.key, config::to_string(k.support), k.note);
+    line.erase(line.find_last_not_of(' ') + 1);
+    std::cout << line << '\n';
     last_block = k.block;
   }
 }
@@ -229,7 +205,8 @@ void add_config_command(CLI::App& app) {
   auto keys_args = std::make_shared<KeysArgs>();
   CLI::App* keys = config->add_subcommand("keys", "Print every key zero3 knows and what it does with it");
   keys->add_option("--block", keys_args->block, "Only this block, e.g. zero_optimization.offload_optimizer");
-  keys->add_flag("--markdown", keys_args->markdown, "Markdown tables (as in configs/README.md)");
+  keys->add_flag("--markdown", keys_args->markdown,
+                 "Markdown tables (configs/README.md holds them: tools/gen-config-keys.sh)");
   keys->callback([keys_args] { run_keys(*keys_args); });
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace zero3::config {
@@ -26,10 +27,84 @@ enum class AutoRule : std::uint8_t {
   resolved,    // zero3 computes a value (batch rule, optimizer defaults, zero3.model.hidden_size, ...)
 };
 
+// A key's value type. Integers and numbers carry the range the parser enforces, and their type text ("int > 0",
+// "number in [0, 1)") is rendered from it, so a range is written once; any other type is its text ("bool",
+// "\"auto\" or int").
+struct ValueType {
+  enum class Kind : std::uint8_t { text, integer, number };
+  Kind kind = Kind::text;
+  std::string_view text;  // Kind::text: the whole type; else the word before the range ("int", "even int")
+  bool has_min = false, has_max = false;
+  bool min_open = false, max_open = false;  // the bound itself is excluded
+  double min = 0, max = 0;
+  bool nullable = false;  // null is accepted (and means "not set")
+
+  // Implicit, so that a row writes a plain type as its text: "bool".
+  constexpr ValueType(const char* type_text) : text(type_text) {}  // NOLINT(google-explicit-constructor)
+  constexpr ValueType(Kind k, std::string_view word) : kind(k), text(word) {}
+
+  constexpr ValueType or_null() const {
+    ValueType t = *this;
+    t.nullable = true;
+    return t;
+  }
+  constexpr ValueType named(std::string_view word) const {
+    ValueType t = *this;
+    t.text = word;
+    return t;
+  }
+  bool has_range() const { return has_min || has_max; }
+};
+
+constexpr ValueType int_min(std::int64_t lo) {
+  ValueType t(ValueType::Kind::integer, "int");
+  t.has_min = true;
+  t.min = static_cast<double>(lo);
+  return t;
+}
+constexpr ValueType int_in(std::int64_t lo, std::int64_t hi) {
+  ValueType t = int_min(lo);
+  t.has_max = true;
+  t.max = static_cast<double>(hi);
+  return t;
+}
+constexpr ValueType num_min(double lo) {
+  ValueType t(ValueType::Kind::number, "number");
+  t.has_min = true;
+  t.min = lo;
+  return t;
+}
+constexpr ValueType num_above(double lo) {
+  ValueType t = num_min(lo);
+  t.min_open = true;
+  return t;
+}
+constexpr ValueType num_in(double lo, double hi) {
+  ValueType t = num_min(lo);
+  t.has_max = true;
+  t.max = hi;
+  return t;
+}
+constexpr ValueType num_half_open(double lo, double hi) {  // [lo, hi)
+  ValueType t = num_in(lo, hi);
+  t.max_open = true;
+  return t;
+}
+constexpr ValueType num_open(double lo, double hi) {  // (lo, hi)
+  ValueType t = num_half_open(lo, hi);
+  t.min_open = true;
+  return t;
+}
+
+// "> 0", ">= -1", "in [0, 126]", "in [0, 1)"; empty without a range. The parser's messages use the same words.
+std::string range_text(const ValueType& t);
+// The type column: "int > 0 or null", "number in (0, 1)", "bool".
+std::string type_text(const ValueType& t);
+
 struct KeySpec {
   std::string_view block;  // "" for top level, "zero_optimization.offload_param", "optimizer.params (Lion)"
   std::string_view key;
-  std::string_view type;
+  ValueType type;
   std::string_view default_value;
   Support support;
   AutoRule auto_rule;

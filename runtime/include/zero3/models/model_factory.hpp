@@ -1,7 +1,8 @@
 // The model a config's "zero3.model" block names, built for the engine's device: the GPT on the host
-// (OpenBLAS) or on CUDA (cuBLAS + kernels), the Llama-family decoder and the MLP on the host. Library
-// zero3_model_factory (links the CUDA GPT's library, a stub without nvcc); a trainer that brings its own UnitModel does
-// not need it.
+// (OpenBLAS) or on CUDA (cuBLAS + kernels), the Llama-family decoder and the MLP on the host. Each model type
+// has one registry row (model_factory.cpp) that checks, counts and builds it; its spelling and keys are the
+// config's (zero3/config/model_types.hpp). Library zero3_model_factory (links the CUDA GPT's library, a stub
+// without nvcc); a trainer that brings its own UnitModel does not need it.
 #pragma once
 
 #include <cstdint>
