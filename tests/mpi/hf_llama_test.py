@@ -20,7 +20,7 @@ description) with random weights, and a token file, then checks:
   5. ranged loading: initializing a ~100 MB model from its checkpoint raises each rank's peak resident
      memory, over the same job initialized at random, by less than half of the checkpoint's size (the least
      of three runs of each; DeepSpeed's ranks each load the whole file first).
-Exit 77 (skipped) without numpy.
+Exit 77 (skipped, tests/support/skip.py) without numpy.
 """
 import json
 import math
@@ -30,11 +30,13 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from skip import skip  # noqa: E402
+
 try:
     import numpy as np
 except ImportError:
-    print("hf_llama_test: SKIPPED (numpy is not installed)")
-    sys.exit(77)
+    skip("hf_llama_test: numpy is not installed (tools/test.sh installs it)")
 
 ZERO3, LLAMA_LOGITS, MPIEXEC = sys.argv[1], sys.argv[2], sys.argv[3:]
 CONTEXT, HELDOUT_SAMPLES, HELDOUT_FRACTION = 16, 8, 0.25
