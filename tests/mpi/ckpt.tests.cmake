@@ -13,8 +13,8 @@ endif()
 # offload_param with persistent units; refused loads that leave the engine untouched; slice coverage and
 # read_state/write_state; a 1-byte staging area; poll/wait ordering of consecutive saves.
 if(TARGET zero3_checkpointer)
-  zero3_mpi_test(checkpointer SOURCES mpi/test_checkpointer.cpp LIBS zero3_test_model zero3_train zero3_checkpointer
-                 zero3_engine NP 1 2 3 4)
+  zero3_mpi_test(checkpointer SOURCES mpi/test_checkpointer.cpp LIBS zero3_test_support zero3_test_model zero3_train
+                 zero3_checkpointer zero3_engine NP 1 2 3 4)
 endif()
 
 # `zero3 bench checkpoint` at world size 2 runs end to end and reports its figures (not their values).

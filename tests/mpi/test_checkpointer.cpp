@@ -252,15 +252,6 @@ Snapshot expected_values(Engine& e, const TrainingState& training) {
 
 // ---- engines and models
 
-std::unique_ptr<Engine> make_engine(const config::Config& cfg, const std::vector<UnitSpec>& units) {
-  EngineResources res;
-  res.bootstrap = env().bootstrap;
-  auto e = std::make_unique<Engine>(cfg, env().world, std::move(res));
-  for (const UnitSpec& u : units) e->add_unit(u);
-  e->finalize();
-  return e;
-}
-
 ParamSpec spec(std::string name, std::vector<std::int64_t> shape, bool trainable = true) {
   ParamSpec p;
   p.name = std::move(name);
@@ -341,7 +332,7 @@ void check_report(const ckpt::SaveReport& r, const fs::path& root, const std::st
 
 struct ResumeCase {
   std::string name;
-  ConfigText text;
+  ConfigText text = trainer_config();
   bool frozen = false;
   std::set<std::int64_t> overflow;
 };
@@ -532,7 +523,7 @@ void check_refused(EngineTrainer& t, const fs::path& root, const std::string& wh
 TEST_CASE("a checkpoint that conflicts with the job is refused before anything is written", "[ckpt][errors]") {
   const model::ModelConfig mc = transformer();
   const std::vector<UnitSpec> units = transformer_units(mc, false);
-  const config::Config adamw = ConfigText{}.parse();
+  const config::Config adamw = trainer_config().parse();
   const SharedTempDir root;
   {
     EngineTrainer src(adamw, mc, units);
@@ -547,7 +538,7 @@ TEST_CASE("a checkpoint that conflicts with the job is refused before anything i
   }
 
   {  // another optimizer: its state means something else
-    ConfigText lion;
+    ConfigText lion = trainer_config();
     lion.optimizer = R"({"type": "Lion", "params": {"lr": 1e-3, "weight_decay": 0.1}})";
     EngineTrainer t(lion.parse(), mc, units);
     train_steps(t, 0, 1);  // moments and params that differ from the checkpoint's and from init
@@ -774,7 +765,7 @@ TEST_CASE("local_slices cover every element; read_state and write_state round tr
   const std::vector<UnitSpec> units = odd_units();
   struct Setup {
     std::string name;
-    ConfigText text;
+    ConfigText text = trainer_config();
   };
   std::vector<Setup> setups(3);
   for (Setup& s : setups) s.text.zero = R"("stage3_param_persistence_threshold": 60)";
@@ -787,7 +778,7 @@ TEST_CASE("local_slices cover every element; read_state and write_state round tr
   for (const Setup& s : setups) {
     const std::string what = fmt::format("[np{}] {}", world_size(), s.name);
     const config::Config cfg = s.text.parse();
-    const std::unique_ptr<Engine> e = make_engine(cfg, units);
+    const std::unique_ptr<Engine> e = make_engine(cfg, {.units = units});
     check_coverage(*e, units, what);
     check_round_trip(*e, what);
 
@@ -800,7 +791,7 @@ TEST_CASE("local_slices cover every element; read_state and write_state round tr
       const std::vector<ckpt::SaveReport> reports = ck.poll();
       CHECK(reports.size() == 1);
       if (!reports.empty()) check_report(reports[0], root.path(), "odd");
-      const std::unique_ptr<Engine> fresh = make_engine(cfg, reinitialized(units));
+      const std::unique_ptr<Engine> fresh = make_engine(cfg, {.units = reinitialized(units)});
       ckpt::Checkpointer(*fresh, env().bootstrap).load(root.path());
       const Snapshot got = snapshot(*fresh);
       CHECK(count_differences(got, expected_values(*fresh, got.training), what + ": loaded odd model") == 0);
@@ -842,7 +833,7 @@ TEST_CASE("local_slices cover every element; read_state and write_state round tr
 }
 
 TEST_CASE("read_state and write_state refuse the middle of an accumulation window", "[ckpt][slices]") {
-  ConfigText text;
+  ConfigText text = trainer_config();
   text.train_batch = 24;
   text.gas = 2;
   const model::ModelConfig mc = transformer();
@@ -870,11 +861,11 @@ TEST_CASE("a save through a 1-byte staging area is complete and loads exactly", 
       {"big", {spec("big.w", {1200, 1000}), spec("big.b", {999}), spec("big.frozen", {333, 3}, false)}},
       {"small", {spec("small.w", {7, 5}), spec("small.b", {7})}},
   };
-  ConfigText text;
+  ConfigText text = trainer_config();
   text.precision = R"("bf16": {"enabled": true})";
   const config::Config cfg = text.parse();
   const SharedTempDir root;
-  const std::unique_ptr<Engine> src = make_engine(cfg, units);
+  const std::unique_ptr<Engine> src = make_engine(cfg, {.units = units});
   write_test_values(*src);
   TrainingState training;
   training.global_step = 9;
@@ -915,13 +906,14 @@ TEST_CASE("a save through a 1-byte staging area is complete and loads exactly", 
     }
     CHECK(verify_error.empty());
 
-    const std::unique_ptr<Engine> dst = make_engine(cfg, [&] {
-      std::vector<UnitSpec> u = units;
-      for (UnitSpec& unit : u) {
-        for (ParamSpec& p : unit.params) p.init = ParamInit::uniform({.low = -3.0, .high = 3.0});
-      }
-      return u;
-    }());
+    const std::unique_ptr<Engine> dst = make_engine(cfg, {.units = [&] {
+                                                      std::vector<UnitSpec> u = units;
+                                                      for (UnitSpec& unit : u) {
+                                                        for (ParamSpec& p : unit.params)
+                                                          p.init = ParamInit::uniform({.low = -3.0, .high = 3.0});
+                                                      }
+                                                      return u;
+                                                    }()});
     ckpt::Checkpointer ck(*dst, env().bootstrap, options);  // loads through 1 MiB blocks too
     const ckpt::LoadResult loaded = ck.load(root.path(), tag);
     CHECK(loaded.step == training.global_step);
@@ -944,7 +936,7 @@ TEST_CASE("poll reports nothing without a save; a second save waits for the firs
           "[ckpt][poll]") {
   const model::ModelConfig mc = transformer();
   const std::vector<UnitSpec> units = transformer_units(mc, false);
-  const config::Config cfg = ConfigText{}.parse();
+  const config::Config cfg = trainer_config().parse();
   const SharedTempDir root;
   EngineTrainer t(cfg, mc, units);
 
@@ -1051,7 +1043,7 @@ std::string what_of(const std::function<void()>& fn) {
 TEST_CASE("Checkpointer(engine) takes the engine's bootstrap; a null bootstrap is a UsageError", "[ckpt][misuse]") {
   const model::ModelConfig mc = transformer();
   const SharedTempDir root;
-  EngineTrainer t(ConfigText{}.parse(), mc, transformer_units(mc, false));
+  EngineTrainer t(trainer_config().parse(), mc, transformer_units(mc, false));
   CHECK(t.engine().bootstrap() == env().bootstrap);
   const std::string null_error =
       what_of([&] { ckpt::Checkpointer ck(t.engine(), std::shared_ptr<comm::Bootstrap>{}); });
@@ -1068,7 +1060,7 @@ TEST_CASE("Checkpointer(engine) takes the engine's bootstrap; a null bootstrap i
     CHECK(reports.size() == 1);
     if (!reports.empty()) check_report(reports[0], root.path(), "engine_bootstrap");
   }
-  EngineTrainer f(ConfigText{}.parse(), mc, reinitialized(transformer_units(mc, false)));
+  EngineTrainer f(trainer_config().parse(), mc, reinitialized(transformer_units(mc, false)));
   ckpt::Checkpointer fck(f.engine());
   CHECK(fck.load(root.path()).tag == "engine_bootstrap");
   CHECK(count_differences(snapshot(f.engine()), saved, "loaded through Checkpointer(engine)") == 0);
@@ -1076,7 +1068,7 @@ TEST_CASE("Checkpointer(engine) takes the engine's bootstrap; a null bootstrap i
 
 TEST_CASE("save and load inside an accumulation window or with a scope open throw UsageError on every rank",
           "[ckpt][misuse]") {
-  ConfigText text;
+  ConfigText text = trainer_config();
   text.train_batch = 24;
   text.gas = 2;
   const model::ModelConfig mc = transformer();
@@ -1124,7 +1116,7 @@ TEST_CASE("a Checkpointer destroyed with a save in flight logs that it was not c
           "[ckpt][misuse]") {
   const model::ModelConfig mc = transformer();
   const SharedTempDir root;
-  EngineTrainer t(ConfigText{}.parse(), mc, transformer_units(mc, false));
+  EngineTrainer t(trainer_config().parse(), mc, transformer_units(mc, false));
   train_steps(t, 0, 1);
   {
     ckpt::Checkpointer ck(t.engine());
