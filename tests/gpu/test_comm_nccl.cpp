@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mpi_test_env.hpp"
+#include "skip.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/log.hpp"
@@ -272,10 +273,7 @@ TEST_CASE("nccl rejects host memory and host streams", "[nccl]") {
 }
 
 int main(int argc, char** argv) {
-  if (!comm::built_with_nccl() || !built_with_cuda()) {
-    std::printf("SKIPPED: this build has no CUDA/NCCL backend\n");
-    return 77;
-  }
+  if (!comm::built_with_nccl() || !built_with_cuda()) zero3::test::skip("this build has no CUDA/NCCL backend");
   NcclEnv nccl;
   try {
     nccl.world = comm::World::from_environment();
@@ -285,9 +283,8 @@ int main(int argc, char** argv) {
   }
   const int devices = cuda_device_count();
   if (devices <= nccl.world.local_rank) {
-    std::printf("SKIPPED: local rank %d needs CUDA device %d, but %d are visible\n", nccl.world.local_rank,
-                nccl.world.local_rank, devices);
-    return 77;
+    zero3::test::skip(fmt::format("local rank {} needs CUDA device {}, but {} are visible", nccl.world.local_rank,
+                                  nccl.world.local_rank, devices));
   }
   try {
     zero3::log::set_rank(nccl.world.rank, nccl.world.size);

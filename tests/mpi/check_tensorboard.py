@@ -5,7 +5,8 @@ usage: check_tensorboard.py LOGDIR METRICS_JSONL STEPS SAMPLES_PER_STEP FP16(0|1
 
 Decodes every event file twice: with a reader written here from the TFRecord and protobuf specifications
 (length + masked CRC-32C framing, Event / Summary / Value fields), always; and with the tensorboard
-package's own event reader (EventAccumulator), when it is installed (else says it skipped that). Checks:
+package's own event reader (EventAccumulator); without that package it exits 77 (skipped, tests/support/skip.py)
+after the first reader's checks. Checks:
 every CRC; the file_version record; one train_loss and lr value per step (and loss_scale with fp16) at
 x = samples so far; the log-line scalars equal the JSONL figures (to float32 precision); memory scalars present.
 """
@@ -15,6 +16,10 @@ import math
 import os
 import struct
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from skip import skip  # noqa: E402
 
 
 def crc32c(data):
@@ -136,8 +141,8 @@ def main():
     try:
         from tensorboard.backend.event_processing import event_accumulator
     except ImportError:
-        print("check_tensorboard: SKIPPED the tensorboard package's reader (not installed)")
-        return 0
+        skip("check_tensorboard: the tensorboard package is not installed (tools/test.sh installs it): its reader "
+             "did not read the event file")
     acc = event_accumulator.EventAccumulator(logdir, size_guidance={event_accumulator.SCALARS: 0})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])

@@ -8,13 +8,16 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
   set_tests_properties(mpi.ckpt_train PROPERTIES LABELS "mpi" TIMEOUT 900)
 endif()
 
-# The Checkpointer API on the engine, as an embedding trainer uses it (tests/mpi/test_checkpointer.cpp):
-# exact resume (sync and async saves) for AdamW, bf16 + offload, fp16 scaling, Lion, Adagrad, frozen params,
-# offload_param with persistent units; refused loads that leave the engine untouched; slice coverage and
-# read_state/write_state; a 1-byte staging area; poll/wait ordering of consecutive saves.
+# The Checkpointer API on the engine, as an embedding trainer uses it (tests/mpi/checkpointer/, a file per
+# topic): exact resume (sync and async saves) for AdamW, bf16 + offload, fp16 scaling, Lion, Adagrad, frozen
+# params, offload_param with persistent units; refused loads that leave the engine untouched; slice coverage
+# and read_state/write_state; a 1-byte staging area; poll/wait ordering of consecutive saves; misuse.
 if(TARGET zero3_checkpointer)
-  zero3_mpi_test(checkpointer SOURCES mpi/test_checkpointer.cpp LIBS zero3_test_model zero3_train zero3_checkpointer
-                 zero3_engine NP 1 2 3 4)
+  zero3_mpi_test(checkpointer
+                 SOURCES mpi/checkpointer/ckpt_fixtures.cpp mpi/checkpointer/resume.cpp
+                         mpi/checkpointer/refused_loads.cpp mpi/checkpointer/slices.cpp mpi/checkpointer/staging.cpp
+                         mpi/checkpointer/poll.cpp mpi/checkpointer/misuse.cpp
+                 LIBS zero3_test_support zero3_test_model zero3_train zero3_checkpointer zero3_engine NP 1 2 3 4)
 endif()
 
 # `zero3 bench checkpoint` at world size 2 runs end to end and reports its figures (not their values).

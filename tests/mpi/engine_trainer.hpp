@@ -1,11 +1,9 @@
 // The float test model (tests/model) trained through the engine, for the MPI equivalence tests: the job's
-// world and bootstrap, a DeepSpeed config assembled per world size, and EngineTrainer, which drives the
-// model's forward and backward through the engine's unit walk (train::EngineUnits, walk_forward,
-// walk_backward) with explicit staging of params and grads (tests/support/device_staging.hpp), so the same
-// path runs on the host device and on CUDA.
+// world and bootstrap, the job's config (trainer_config, a ConfigText of tests/support/engine_fixtures.hpp),
+// and EngineTrainer, which drives the model's forward and backward through the engine's unit walk
+// (train::EngineUnits, walk_forward, walk_backward) with explicit staging of params and grads
+// (tests/support/device_staging.hpp), so the same path runs on the host device and on CUDA.
 #pragma once
-
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -16,9 +14,9 @@
 #include <vector>
 
 #include "device_staging.hpp"
+#include "engine_fixtures.hpp"
 #include "model.hpp"
 #include "mpi_test_env.hpp"
-#include "zero3/config/parse.hpp"
 #include "zero3/engine/engine.hpp"
 #include "zero3/train/unit_walk.hpp"
 
@@ -79,41 +77,19 @@ inline model::ModelConfig mlp() {
   return m;
 }
 
-// A DeepSpeed config for this world size, assembled from pieces and parsed like a user's file.
-struct ConfigText {
-  int train_batch = 12;  // global: divisible by 1, 2, 3 and 4
-  int gas = 1;
-  std::string optimizer = R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.05}})";
-  std::string scheduler;  // a scheduler object, or empty for none
-  std::string precision;  // e.g. "bf16": {"enabled": true}
-  double clipping = 0.0;
-  // Units up to 200 elements (the input projection and the head) persistent, blocks sharded.
-  std::string zero = R"("stage3_param_persistence_threshold": 200)";
-  std::string zero3_extra;  // more keys of the "zero3" block, e.g. R"("pinned_memory_budget_gb": 1)"
+using test::ConfigText;
+using test::EngineOptions;
+using test::make_engine;
 
-  config::Config parse() const {
-    const int w = world_size();
-    std::string text = fmt::format(
-        R"({{"train_batch_size": {}, "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
-            "gradient_clipping": {}, "optimizer": {}, {} {}
-            "zero_optimization": {{"stage": 3, {}}}, "zero3": {{"seed": 42, "device": "{}"{}}}}})",
-        train_batch, train_batch / (w * gas), gas, clipping, optimizer,
-        scheduler.empty() ? "" : fmt::format(R"("scheduler": {},)", scheduler),
-        precision.empty() ? "" : precision + ",", zero, test::test_device_name(),
-        zero3_extra.empty() ? "" : ", " + zero3_extra);
-    config::ParseOptions options;
-    options.world_size = w;
-    options.world_size_source = "test";
-    const config::ParseResult r = config::parse_config_text(text, options);
-    if (!r.runnable()) {
-      std::string msg;
-      for (const auto& d : r.errors) msg += config::format_diagnostic("error", d) + "\n";
-      for (const auto& d : r.not_implemented) msg += config::format_diagnostic("not implemented", d) + "\n";
-      throw ConfigError(fmt::format("test config rejected:\n{}{}", msg, text));
-    }
-    return *r.config;
-  }
-};
+// The training job of these tests: 12 samples per optimizer step (divisible by 1, 2, 3 and 4 ranks), AdamW,
+// and units up to 200 elements (the transformer's input projection and head) persistent, blocks sharded.
+inline ConfigText trainer_config() {
+  ConfigText text;
+  text.train_batch = 12;
+  text.optimizer = R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.05}})";
+  text.zero = R"("stage3_param_persistence_threshold": 200)";
+  return text;
+}
 
 // The zero3 side: the float model driven through the engine, computed on the host over the engine's device
 // buffers through explicit staging (tests/support/device_staging.hpp): each gathered param is copied to the

@@ -1,8 +1,8 @@
 # The engine at world sizes 1-4 against the unsharded float64 reference (tests/model): params, loss curves,
 # grad norms, lrs, loss scales, accumulation, overflow skips, memory budget, communication volume.
 if(TARGET zero3_engine)
-  zero3_mpi_test(engine_equivalence SOURCES mpi/test_engine_equivalence.cpp LIBS zero3_test_model zero3_train
-                 zero3_engine NP 1 2 3 4)
+  zero3_mpi_test(engine_equivalence SOURCES mpi/test_engine_equivalence.cpp LIBS zero3_test_support zero3_test_model
+                 zero3_train zero3_engine NP 1 2 3 4)
 endif()
 
 # `zero3 bench engine` (tools/zero3/bench/cmd_bench.cpp) must run as a plain single process, without mpirun.

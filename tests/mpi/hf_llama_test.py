@@ -14,13 +14,14 @@ description) with random weights, and a token file, then checks:
   2. export: `zero3 ckpt export --format hf` of that run gives back every tensor byte for byte and a
      config.json with the same shape; a small --max-shard-size gives shards and an index;
   3. after 4 training steps, the exported model's loss on the held-out windows, by the numpy reference and
-     by transformers when installed (else said skipped), equals zero3's final held-out loss within 1e-4;
+     by transformers when installed (an optional cross-check; without it the run says so), equals zero3's
+     final held-out loss within 1e-4;
   4. bad input: a tensor missing, one of the wrong shape and one the model lacks are errors naming the
      file and the tensor;
   5. ranged loading: initializing a ~100 MB model from its checkpoint raises each rank's peak resident
      memory, over the same job initialized at random, by less than half of the checkpoint's size (the least
      of three runs of each; DeepSpeed's ranks each load the whole file first).
-Exit 77 (skipped) without numpy.
+Exit 77 (skipped, tests/support/skip.py) without numpy.
 """
 import json
 import math
@@ -30,11 +31,14 @@ import subprocess
 import sys
 import tempfile
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from skip import skip  # noqa: E402
+
 try:
     import numpy as np
 except ImportError:
-    print("hf_llama_test: SKIPPED (numpy is not installed)")
-    sys.exit(77)
+    skip("hf_llama_test: numpy is not installed (tools/test.sh installs it)")
 
 ZERO3, LLAMA_LOGITS, MPIEXEC = sys.argv[1], sys.argv[2], sys.argv[3:]
 CONTEXT, HELDOUT_SAMPLES, HELDOUT_FRACTION = 16, 8, 0.25
@@ -191,7 +195,8 @@ def transformers_loss(path, windows):
         import torch
         from transformers import AutoModelForCausalLM
     except ImportError:
-        print("hf_llama_test: SKIPPED the transformers check (torch or transformers is not installed)")
+        print("hf_llama_test: no transformers cross-check (torch or transformers is not installed); the numpy "
+              "reference checked the same loss")
         return None
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # transformers >= 4.56

@@ -2,8 +2,8 @@
 # bitwise-equal tensors for fp32/bf16/fp16, partial offload, sub-groups, accumulation, Lion, Adagrad, and
 # fp16 overflow skips that leave the CPU state untouched.
 if(TARGET zero3_engine)
-  zero3_mpi_test(offload_equivalence SOURCES mpi/test_offload_equivalence.cpp LIBS zero3_test_model
-                 zero3_train zero3_engine NP 1 2 4)
+  zero3_mpi_test(offload_equivalence SOURCES mpi/test_offload_equivalence.cpp LIBS zero3_test_support
+                 zero3_test_model zero3_train zero3_engine NP 1 2 4)
 endif()
 
 # The budget case again without CAP_IPC_LOCK (root may lock past `ulimit -l`; this takes that away), so

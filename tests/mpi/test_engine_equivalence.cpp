@@ -156,7 +156,7 @@ TEST_CASE("fp32: params, loss curve and grad norms match the float64 reference",
       {"fp32 AdamW MLP", mlp(), R"({"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.05}})"},
   };
   for (const Case& c : cases) {
-    ConfigText text;
+    ConfigText text = trainer_config();
     text.optimizer = c.optimizer;
     if (c.model.arch == Arch::mlp) text.zero = R"("stage3_param_persistence_threshold": 100)";
     run_and_compare(c.name, text, c.model, model::model_units(c.model), kFp32);
@@ -164,7 +164,7 @@ TEST_CASE("fp32: params, loss curve and grad norms match the float64 reference",
 }
 
 TEST_CASE("fp32: optimizer state matches the reference", "[equivalence][fp32]") {
-  ConfigText text;
+  ConfigText text = trainer_config();
   const config::Config cfg = text.parse();
   const model::ModelConfig mc = transformer();
   const auto units = model::model_units(mc);
@@ -195,10 +195,10 @@ TEST_CASE("fp32: optimizer state matches the reference", "[equivalence][fp32]") 
 
 TEST_CASE("bf16 and fp16: params and loss within the 16-bit tolerances", "[equivalence][bf16][fp16]") {
   const model::ModelConfig mc = transformer();
-  ConfigText bf16;
+  ConfigText bf16 = trainer_config();
   bf16.precision = R"("bf16": {"enabled": true})";
   run_and_compare("bf16 AdamW transformer", bf16, mc, model::model_units(mc), kBf16);
-  ConfigText fp16;
+  ConfigText fp16 = trainer_config();
   // A scale that keeps every scaled gradient below fp16's max: the reference cannot model natural overflows.
   fp16.precision = R"("fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8})";
   run_and_compare("fp16 AdamW transformer", fp16, mc, model::model_units(mc), kFp16);
@@ -207,7 +207,7 @@ TEST_CASE("bf16 and fp16: params and loss within the 16-bit tolerances", "[equiv
 TEST_CASE("gradient accumulation 4 x micro-batch 2 equals 1 x micro-batch 8", "[equivalence][accumulation]") {
   const model::ModelConfig mc = transformer();
   const auto units = model::model_units(mc);
-  ConfigText one;
+  ConfigText one = trainer_config();
   one.train_batch = 8 * world_size();
   ConfigText four = one;
   four.gas = 4;
@@ -256,7 +256,7 @@ TEST_CASE("gradient accumulation 4 x micro-batch 2 equals 1 x micro-batch 8", "[
 TEST_CASE("clipping: the reported grad norm and the clipped params match the reference", "[equivalence][clip]") {
   const model::ModelConfig mc = transformer();
   const auto units = model::model_units(mc);
-  ConfigText text;
+  ConfigText text = trainer_config();
   text.clipping = 0.05;  // below every step's gradient norm here: clipping bites at every step
   const config::Config cfg = text.parse();
   EngineTrainer zt(cfg, mc, units);
@@ -303,7 +303,7 @@ TEST_CASE("LR schedules: the lr of every step equals the DeepSpeed formula", "[e
            "lr_range_test_step_rate": 2.0, "lr_range_test_staircase": true}})"},
   };
   for (const Case& c : cases) {
-    ConfigText text;
+    ConfigText text = trainer_config();
     text.optimizer = c.optimizer;
     text.scheduler = c.scheduler;
     // run_and_compare checks StepResult.lr of every step against reference_lr (deepspeed/runtime/lr_schedules.py).
@@ -315,7 +315,7 @@ TEST_CASE("fp16 overflow: the step is skipped, state stays bitwise, the loss sca
           "[equivalence][fp16][overflow]") {
   const model::ModelConfig mc = transformer();
   const auto units = model::model_units(mc);
-  ConfigText text;
+  ConfigText text = trainer_config();
   text.precision =
       R"("fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 4,
           "hysteresis": 2, "min_loss_scale": 1})";
@@ -376,12 +376,12 @@ TEST_CASE("gathered params stay within max_live_parameters + the prefetch bucket
   const auto units = model::model_units(mc);
   constexpr std::uint64_t kMaxLive = 2400;
   constexpr std::uint64_t kPrefetch = 2400;
-  ConfigText limited;
+  ConfigText limited = trainer_config();
   limited.zero = fmt::format(
       R"("stage3_param_persistence_threshold": 200, "stage3_max_live_parameters": {}, "stage3_prefetch_bucket_size": {})",
       kMaxLive, kPrefetch);
   limited.zero3_extra = kShardedPath;
-  ConfigText unlimited;  // DeepSpeed's defaults: 1e9 live, 5e7 prefetched
+  ConfigText unlimited = trainer_config();  // DeepSpeed's defaults: 1e9 live, 5e7 prefetched
   unlimited.zero3_extra = kShardedPath;
   EngineTrainer zt(limited.parse(), mc, units);
   EngineTrainer free_run(unlimited.parse(), mc, units);
@@ -433,7 +433,7 @@ TEST_CASE("gathered params stay within max_live_parameters + the prefetch bucket
 TEST_CASE("communication per step is 3 psi - 3 x persistent with max_reuse_distance 0", "[equivalence][comm]") {
   const model::ModelConfig mc = transformer();
   const auto units = model::model_units(mc);
-  ConfigText text;
+  ConfigText text = trainer_config();
   text.zero = R"("stage3_param_persistence_threshold": 200, "stage3_max_reuse_distance": 0)";
   text.zero3_extra = kShardedPath;
   EngineTrainer zt(text.parse(), mc, units);
@@ -480,7 +480,7 @@ TEST_CASE("world size 1 in place gives the sharded path's results bit for bit", 
        R"({"type": "Adagrad", "params": {"lr": 1e-2}})", 1},
   };
   for (const Case& c : cases) {
-    ConfigText text;
+    ConfigText text = trainer_config();
     text.train_batch = 12 * c.gas;
     text.gas = c.gas;
     text.precision = c.precision;
@@ -550,7 +550,7 @@ TEST_CASE("frozen params stay at init; weight_decay=false and lr_scale are honou
   set("blocks.0.mlp.proj.weight", [](ParamSpec& p) { p.weight_decay = false; });
   set("blocks.1.mlp.fc.weight", [](ParamSpec& p) { p.lr_scale = 0.5; });
   set("head.weight", [](ParamSpec& p) { p.lr_scale = 2.0; });
-  ConfigText text;
+  ConfigText text = trainer_config();
   text.optimizer = R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.2}})";
   const config::Config cfg = text.parse();
   EngineTrainer zt(cfg, mc, units);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "device_staging.hpp"
+#include "engine_fixtures.hpp"
 #include "mpi_test_env.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
@@ -61,25 +62,17 @@ std::vector<Setup> setups() {
 std::unique_ptr<Engine> make_engine(const Setup& s, const std::string& zero3_extra = "",
                                     const std::string& optimizer = R"({"type": "AdamW", "params": {"lr": 0.01}})",
                                     int gas = 1) {
-  std::string zero = R"("stage": 3, "stage3_param_persistence_threshold": 50)";
-  if (s.offload) zero += R"(, "offload_optimizer": {"device": "cpu"})";
-  std::string text = fmt::format(
-      R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {}, "gradient_clipping": 0,
-           "optimizer": {}, "zero_optimization": {{{}}}, "zero3": {{"device": "{}", "seed": 7{}}}{}}})",
-      gas, optimizer, zero, test::test_device_name(), zero3_extra.empty() ? "" : ", " + zero3_extra,
-      s.dtype == "bf16" ? R"(, "bf16": {"enabled": true})" : "");
-  config::ParseOptions o;
-  o.world_size = world_size();
-  o.world_size_source = "mpirun";
-  EngineResources resources;
-  resources.bootstrap = env().bootstrap;
-  auto e = std::make_unique<Engine>(config::load_config_text_or_throw(text, o), env().world, std::move(resources));
+  test::ConfigText text;
+  text.gas = gas;
+  text.optimizer = optimizer;
+  text.zero = R"("stage3_param_persistence_threshold": 50)";
+  if (s.offload) text.zero += R"(, "offload_optimizer": {"device": "cpu"})";
+  if (s.dtype == "bf16") text.precision = R"("bf16": {"enabled": true})";
+  text.zero3_extra = zero3_extra;
+  text.seed = 7;
   ParamSpec sharded{.name = "s.w", .shape = {kShardedElems}, .init = ParamInit::normal({.std = 0.5})};
   ParamSpec persistent{.name = "p.w", .shape = {kPersistentElems}, .init = ParamInit::normal({.std = 0.5})};
-  e->add_unit({"s", {sharded}});
-  e->add_unit({"p", {persistent}});
-  e->finalize();
-  return e;
+  return test::make_engine(text.parse(), {.units = {{"s", {sharded}}, {"p", {persistent}}}});
 }
 
 // Gradient value of element i: k / 64, k in [-100, 100] \ {0}, exact in bf16 and in sums over ranks.
@@ -112,27 +105,6 @@ void window(Engine& e, int index, const Poison& poison = {}) {
     if (poison.rank == rank() && poison.param == p.name) v[poison.element] = poison.value;
     test::upload_floats(e.device(), e.compute_stream(), gr.grad(p.name), v);
   }
-}
-
-// Every byte of this rank's params, master and moments.
-std::vector<std::byte> state_bytes(Engine& e) {
-  const EngineState st = e.state();
-  const std::vector<ParamSlice> slices = st.local_slices(false);
-  std::vector<std::byte> all;
-  for (const TensorKind k : {TensorKind::param, TensorKind::master, TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
-    std::vector<std::byte> part(st.state_bytes(k, slices));
-    st.read_state(k, slices, part);
-    all.insert(all.end(), part.begin(), part.end());
-  }
-  return all;
-}
-
-std::vector<float> moments(Engine& e, TensorKind kind) {
-  const EngineState st = e.state();
-  const std::vector<ParamSlice> slices = st.local_slices(false);
-  std::vector<float> v(st.state_bytes(kind, slices) / sizeof(float));
-  st.read_state(kind, slices, std::as_writable_bytes(std::span<float>(v)));
-  return v;
 }
 
 // The first element of rank `r`'s shard of the sharded unit, computed from the layout rule (groups padded
@@ -183,7 +155,7 @@ TEST_CASE("an Inf/NaN gradient skips the step with every state byte unchanged an
         auto e = make_engine(s);
         window(*e, 0);
         CHECK(e->step().applied);
-        const std::vector<std::byte> before = state_bytes(*e);
+        const std::vector<std::byte> before = test::state_bytes(*e);
         // Written by rank 0 into an element that the last rank's shard holds after the reduce-scatter.
         const std::size_t element = shard_first(world_size() - 1) + 3;
         window(*e, 1, {.rank = 0, .param = "s.w", .element = element, .value = bad});
@@ -195,14 +167,14 @@ TEST_CASE("an Inf/NaN gradient skips the step with every state byte unchanged an
         CHECK_FALSE(std::isfinite(r.grad_norm));
         CHECK(r.global_step == 2);
         CHECK(r.skipped_steps == 1);
-        CHECK(state_bytes(*e) == before);
+        CHECK(test::state_bytes(*e) == before);
         CHECK(e->state().training_state().applied_steps == 1);
         // The window's gradients are gone: the next step applies the next window alone.
         window(*e, 2);
         const StepResult next = e->step();
         CHECK(next.applied);
         CHECK(std::isfinite(next.grad_norm));
-        CHECK(state_bytes(*e) != before);
+        CHECK(test::state_bytes(*e) != before);
         env().bootstrap->barrier();
         if (rank() == 0) {
           const std::string log = read_events(dir);
@@ -222,7 +194,7 @@ TEST_CASE("a NaN in the first micro-batch of an accumulation window skips the wi
   for (const Setup& s : setups()) {
     DYNAMIC_SECTION(s.name) {
       auto e = make_engine(s, "", R"({"type": "AdamW", "params": {"lr": 0.01}})", 2);
-      const std::vector<std::byte> before = state_bytes(*e);
+      const std::vector<std::byte> before = test::state_bytes(*e);
       const std::size_t element = shard_first(world_size() - 1) + 1;
       window(*e, 0, {.rank = world_size() - 1, .param = "s.w", .element = element});
       CHECK_FALSE(e->step().boundary);
@@ -230,14 +202,14 @@ TEST_CASE("a NaN in the first micro-batch of an accumulation window skips the wi
       const StepResult r = e->step();
       CHECK(r.boundary);
       CHECK(r.nonfinite);
-      CHECK(state_bytes(*e) == before);
+      CHECK(test::state_bytes(*e) == before);
       for (int i = 2; i < 4; ++i) {  // the next window is clean: the NaN went with the skipped one
         window(*e, i);
         e->step();
       }
       CHECK(e->skipped_steps() == 1);
       CHECK(e->global_step() == 2);
-      CHECK(state_bytes(*e) != before);
+      CHECK(test::state_bytes(*e) != before);
     }
   }
 }
@@ -246,11 +218,11 @@ TEST_CASE("a poisoned persistent param is named, and found on every rank", "[eng
   const Setup s = setups()[1];
   const std::filesystem::path dir = event_dir("persistent");
   auto e = make_engine(s);
-  const std::vector<std::byte> before = state_bytes(*e);
+  const std::vector<std::byte> before = test::state_bytes(*e);
   window(*e, 0, {.rank = world_size() - 1, .param = "p.w", .element = 7});
   const StepResult r = e->step();
   CHECK(r.nonfinite);
-  CHECK(state_bytes(*e) == before);
+  CHECK(test::state_bytes(*e) == before);
   env().bootstrap->barrier();
   if (rank() == 0) {
     const std::string log = read_events(dir);
@@ -274,7 +246,7 @@ TEST_CASE("max_consecutive non-finite steps in a row end with NonFiniteError; an
       }
       window(*e, 2);
       CHECK(e->step().applied);
-      const std::vector<std::byte> before = state_bytes(*e);
+      const std::vector<std::byte> before = test::state_bytes(*e);
       for (int i = 3; i < 5; ++i) {
         window(*e, i, poison);
         CHECK(e->step().nonfinite);
@@ -292,14 +264,14 @@ TEST_CASE("max_consecutive non-finite steps in a row end with NonFiniteError; an
       CHECK_THAT(error, Contains("max_consecutive 3"));
       CHECK(e->global_step() == 6);
       CHECK(e->skipped_steps() == 5);
-      CHECK(state_bytes(*e) == before);  // the aborted step was not applied either
+      CHECK(test::state_bytes(*e) == before);  // the aborted step was not applied either
     }
   }
 }
 
 TEST_CASE("the abort policy ends at the first non-finite step", "[engine][nonfinite]") {
   auto e = make_engine(setups()[0], R"("nonfinite": {"policy": "abort"})");
-  const std::vector<std::byte> before = state_bytes(*e);
+  const std::vector<std::byte> before = test::state_bytes(*e);
   window(*e, 0,
          {.rank = world_size() - 1, .param = "s.w", .element = 0, .value = -std::numeric_limits<float>::infinity()});
   std::string error;
@@ -310,7 +282,7 @@ TEST_CASE("the abort policy ends at the first non-finite step", "[engine][nonfin
   }
   CHECK_THAT(error, Contains("step 1: non-finite gradient in 's.w'"));
   CHECK_THAT(error, Contains("policy is \"abort\""));
-  CHECK(state_bytes(*e) == before);
+  CHECK(test::state_bytes(*e) == before);
 }
 
 TEST_CASE("a rank's non-finite loss skips the step although every gradient is finite", "[engine][nonfinite]") {
@@ -318,14 +290,14 @@ TEST_CASE("a rank's non-finite loss skips the step although every gradient is fi
     DYNAMIC_SECTION(s.name) {
       const std::filesystem::path dir = event_dir("loss");
       auto e = make_engine(s);
-      const std::vector<std::byte> before = state_bytes(*e);
+      const std::vector<std::byte> before = test::state_bytes(*e);
       window(*e, 0);
       if (rank() == world_size() - 1) e->discard_window(Engine::DiscardReason::nonfinite_loss);
       const StepResult r = e->step();
       CHECK_FALSE(r.applied);
       CHECK(r.nonfinite);
       CHECK(std::isfinite(r.grad_norm));
-      CHECK(state_bytes(*e) == before);
+      CHECK(test::state_bytes(*e) == before);
       env().bootstrap->barrier();
       if (rank() == 0) {
         const std::string log = read_events(dir);
@@ -350,7 +322,7 @@ TEST_CASE("a discarded window is dropped whole, without counting as non-finite",
       auto e = make_engine(s, R"("nonfinite": {"max_consecutive": 1})");
       window(*e, 0);
       e->step();
-      const std::vector<std::byte> before = state_bytes(*e);
+      const std::vector<std::byte> before = test::state_bytes(*e);
       window(*e, 1);
       if (rank() == 0) e->discard_window(Engine::DiscardReason::requested);
       const StepResult r = e->step();
@@ -358,10 +330,10 @@ TEST_CASE("a discarded window is dropped whole, without counting as non-finite",
       CHECK(r.discarded);
       CHECK_FALSE(r.nonfinite);
       CHECK(r.skipped_steps == 1);
-      CHECK(state_bytes(*e) == before);
+      CHECK(test::state_bytes(*e) == before);
       window(*e, 2);
       CHECK(e->step().applied);
-      CHECK(state_bytes(*e) == state_bytes(*reference));
+      CHECK(test::state_bytes(*e) == test::state_bytes(*reference));
     }
   }
 }
@@ -374,18 +346,18 @@ TEST_CASE("reset_moments zeroes the moments and the next step is a fresh optimiz
         window(*e, i);
         e->step();
       }
-      const std::vector<float> master = moments(*e, TensorKind::master);
-      CHECK(moments(*e, TensorKind::exp_avg) != std::vector<float>(master.size(), 0.0f));
+      const std::vector<float> master = test::local_floats(*e, TensorKind::master);
+      CHECK(test::local_floats(*e, TensorKind::exp_avg) != std::vector<float>(master.size(), 0.0f));
       e->reset_moments();
-      CHECK(moments(*e, TensorKind::exp_avg) == std::vector<float>(master.size(), 0.0f));
-      CHECK(moments(*e, TensorKind::exp_avg_sq) == std::vector<float>(master.size(), 0.0f));
-      CHECK(moments(*e, TensorKind::master) == master);
+      CHECK(test::local_floats(*e, TensorKind::exp_avg) == std::vector<float>(master.size(), 0.0f));
+      CHECK(test::local_floats(*e, TensorKind::exp_avg_sq) == std::vector<float>(master.size(), 0.0f));
+      CHECK(test::local_floats(*e, TensorKind::master) == master);
       CHECK(e->state().training_state().applied_steps == 0);
       // Adam's step 1 after the reset: m_hat = g, v_hat = g^2, so each element moves by lr * g / (|g| + eps).
       window(*e, 3);
       const StepResult r = e->step();
       CHECK(r.applied);
-      const std::vector<float> after = moments(*e, TensorKind::master);
+      const std::vector<float> after = test::local_floats(*e, TensorKind::master);
       const std::vector<ParamSlice> slices = e->state().local_slices(false);
       int bad = 0;
       std::size_t k = 0;

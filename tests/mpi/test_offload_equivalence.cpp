@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -98,7 +99,7 @@ struct Case {
 };
 
 ConfigText text_for(const Case& c, bool offload) {
-  ConfigText t;
+  ConfigText t = trainer_config();
   t.optimizer = c.optimizer;
   t.precision = c.precision;
   t.clipping = c.clipping;
@@ -263,16 +264,14 @@ TEST_CASE("a pinned budget the node cannot hold fails before anything is allocat
   const auto units = model::model_units(mc);
   const auto try_budget = [&](const std::string& zero3_extra, const std::string& offload,
                               std::initializer_list<const char*> parts) {
-    ConfigText t;
+    ConfigText t = trainer_config();
     t.zero = R"("stage3_param_persistence_threshold": 200, )" + offload;
     t.zero3_extra = zero3_extra;
-    EngineResources res;
-    res.bootstrap = env().bootstrap;
-    Engine e(t.parse(), env().world, res);
-    for (const UnitSpec& u : units) e.add_unit(u);
+    const std::unique_ptr<Engine> e = make_engine(t.parse());  // unfinalized: finalize throws below
+    for (const UnitSpec& u : units) e->add_unit(u);
     bool threw = false;
     try {
-      e.finalize();
+      e->finalize();
     } catch (const ConfigError& err) {
       threw = true;
       INFO(err.what());
@@ -280,7 +279,7 @@ TEST_CASE("a pinned budget the node cannot hold fails before anything is allocat
     }
     CHECK(threw);
     // Nothing of the model was allocated: no shard, master, state or accumulator, in any memory.
-    const MemoryTracker& m = e.memory();
+    const MemoryTracker& m = e->memory();
     for (const MemoryKind k : {MemoryKind::device, MemoryKind::pinned_host, MemoryKind::pageable_host}) {
       for (const MemCategory c :
            {MemCategory::param_shard, MemCategory::master, MemCategory::optim_state, MemCategory::grad_shard}) {

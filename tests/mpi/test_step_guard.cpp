@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "engine_fixtures.hpp"
 #include "mpi_test_env.hpp"
 #include "trainer_test_config.hpp"
 #include "zero3/config/parse.hpp"
@@ -114,27 +115,6 @@ class RecordingData final : public train::TrainData {
   std::vector<std::int64_t>& served_;
 };
 
-// Every byte of this rank's params, master and moments.
-std::vector<std::byte> state_bytes(Engine& e) {
-  const EngineState st = e.state();
-  const std::vector<ParamSlice> slices = st.local_slices(false);
-  std::vector<std::byte> all;
-  for (const TensorKind k : {TensorKind::param, TensorKind::master, TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
-    std::vector<std::byte> part(st.state_bytes(k, slices));
-    st.read_state(k, slices, part);
-    all.insert(all.end(), part.begin(), part.end());
-  }
-  return all;
-}
-
-std::vector<float> read_kind(Engine& e, TensorKind kind) {
-  const EngineState st = e.state();
-  const std::vector<ParamSlice> slices = st.local_slices(false);
-  std::vector<float> v(st.state_bytes(kind, slices) / sizeof(float));
-  st.read_state(kind, slices, std::as_writable_bytes(std::span<float>(v)));
-  return v;
-}
-
 // Per step: the result and the engine's state after it; the state at each on_resume.
 struct StateRecorder final : train::TrainObserver {
   Engine* engine = nullptr;
@@ -144,10 +124,10 @@ struct StateRecorder final : train::TrainObserver {
   std::vector<std::vector<std::byte>> resumed;  // at each on_resume
   void on_step(const train::StepEvent& e) override {
     steps.push_back(e);
-    states.push_back(state_bytes(*engine));
-    exp_avg.push_back(read_kind(*engine, TensorKind::exp_avg));
+    states.push_back(test::state_bytes(*engine));
+    exp_avg.push_back(test::local_floats(*engine, TensorKind::exp_avg));
   }
-  void on_resume(const ckpt::LoadResult&) override { resumed.push_back(state_bytes(*engine)); }
+  void on_resume(const ckpt::LoadResult&) override { resumed.push_back(test::state_bytes(*engine)); }
   std::string save_errors;
   void on_save(const ckpt::SaveReport& r) override {
     if (!r.ok) save_errors += r.tag + ": " + r.error + "\n";

@@ -47,8 +47,8 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
 endif()
 
 # DeepSpeed's `tensorboard` block (tests/mpi/tensorboard_test.sh): the event file zero3 writes at world size 2
-# read back by a reader written from the format's specification and by the tensorboard package's (when
-# installed), equal to the run's JSONL metrics; an uncreatable output_path is a named error.
+# read back by a reader written from the format's specification and by the tensorboard package's (skipped,
+# exit 77, without it), equal to the run's JSONL metrics; an uncreatable output_path is a named error.
 if(TARGET zero3 AND NOT ZERO3_SANITIZE)
   add_test(NAME mpi.train_tensorboard
            COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/tensorboard_test.sh $<TARGET_FILE:zero3>
@@ -64,5 +64,5 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
   add_test(NAME mpi.hf_llama
            COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/hf_llama_test.py $<TARGET_FILE:zero3>
                    $<TARGET_FILE:llama_logits> ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
-  set_tests_properties(mpi.hf_llama PROPERTIES LABELS "mpi" TIMEOUT 600 PROCESSORS 2 SKIP_RETURN_CODE 77)
+  set_tests_properties(mpi.hf_llama PROPERTIES LABELS "mpi" TIMEOUT 600 PROCESSORS 2)
 endif()

@@ -7,7 +7,8 @@ zero3_mpi_test(trainer_preemption SOURCES mpi/test_trainer_preemption.cpp LIBS z
                NP 1 2 3)
 # The step guard (tests/mpi/test_step_guard.cpp): non-finite losses, the final held-out check, the
 # loss-spike detector and its skip, reset_moments and rollback actions.
-zero3_mpi_test(step_guard SOURCES mpi/test_step_guard.cpp LIBS zero3_train zero3_model_factory NP 1 2 3)
+zero3_mpi_test(step_guard SOURCES mpi/test_step_guard.cpp LIBS zero3_test_support zero3_train zero3_model_factory
+               NP 1 2 3)
 # Tied embeddings (tests/mpi/test_tied_embeddings.cpp): a Llama whose head borrows the embedding unit, its
 # gradients through the engine against the float64 model's, in place at world size 1 and sharded.
 zero3_mpi_test(tied_embeddings SOURCES mpi/test_tied_embeddings.cpp LIBS zero3_train zero3_model_factory NP 1 2 4)

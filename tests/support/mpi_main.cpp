@@ -2,7 +2,7 @@
 // zero3's bootstrap, runs the Catch session on every rank, and returns non-zero when any test failed on
 // ANY rank, so mpirun's exit status is meaningful. Everything that holds MPI is destroyed before the
 // bootstrap, whose release finalizes MPI. When ZERO3_TEST_DEVICE asks for a CUDA device and none is usable,
-// the program exits 77 (ctest's skip code for the gpu-labelled entries) before starting MPI.
+// the program exits 77 (skip.hpp: ctest reports it as skipped) on every rank before starting MPI.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "device_staging.hpp"
 #include "mpi_test_env.hpp"
+#include "skip.hpp"
 #include "zero3/core/log.hpp"
 
 namespace zero3::test {
@@ -26,10 +27,10 @@ MpiTestEnv& mpi_env() {
 int main(int argc, char** argv) {
   using namespace zero3;
   try {
+    // Every rank reads the same environment and devices, so all of them skip together (mpirun exits 77).
     if (test::test_device_unavailable()) {
-      std::printf("SKIPPED: ZERO3_TEST_DEVICE=cuda, but %s\n",
-                  built_with_cuda() ? "no CUDA device is usable" : "zero3 was built without CUDA");
-      return 77;
+      test::skip(built_with_cuda() ? "ZERO3_TEST_DEVICE=cuda, but no CUDA device is usable"
+                                   : "ZERO3_TEST_DEVICE=cuda, but zero3 was built without CUDA");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -4,9 +4,11 @@
 # read back by Python's safetensors (names, shapes, dtypes, metadata, values bit for bit); and the peak
 # RSS of exporting a checkpoint far larger than kChunkBytes grows by less than 64 MB over a tiny one.
 # Usage: ckpt_export_safetensors.sh ZERO3_BINARY MAKE_TEST_CHECKPOINT
-# Exit 77 (skipped) when Python's safetensors or numpy is missing, after the checks that need neither.
+# Exit 77 (skipped, tests/support/skip.sh) when Python's safetensors or numpy is missing, after the checks that
+# need neither.
 # ZERO3_PYTHON picks the interpreter (default python3).
 set -u
+source "$(dirname "$0")/../support/skip.sh"
 zero3="$1"
 helper="$2"
 python="${ZERO3_PYTHON:-python3}"
@@ -115,8 +117,7 @@ if ! "$python" -c "import safetensors, numpy" 2>/dev/null; then
     echo "$failures failure(s)"
     exit 1
   fi
-  echo "SKIP: Python's safetensors or numpy is missing ($python); the export was not read back"
-  exit 77
+  skip "Python's safetensors or numpy is missing ($python; tools/test.sh installs them): the export was not read back"
 fi
 
 "$python" - "$tmp" <<'EOF' || fail "the exports do not read back as written"

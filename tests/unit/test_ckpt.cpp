@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.hpp"
 #include "zero3/ckpt/checkpoint.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/error.hpp"
@@ -37,28 +38,7 @@ namespace ckpt = zero3::ckpt;
 
 namespace {
 
-// A fresh directory per test case, removed with everything in it on scope exit.
-class ScratchDir {
- public:
-  ScratchDir()
-      : path_(fs::temp_directory_path() /
-              ("zero3_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using zero3::test::ScratchDir;
 
 std::uint64_t fresh_seed() {
   static std::random_device rd;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernel_test_util.hpp"
+#include "skip.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/device/device.hpp"
@@ -936,15 +937,13 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (!offload::simd_path_supported(*path)) {
-      std::printf("SKIPPED: SIMD path %s is not supported by this CPU or build\n", path_name.c_str());
-      return 77;
+      zero3::test::skip("SIMD path " + path_name + " is not supported by this CPU or build");
     }
     try {
       const SimdPath allowed = offload::best_simd_path();
       if (static_cast<int>(*path) > static_cast<int>(allowed)) {
-        std::printf("SKIPPED: SIMD path %s is wider than ZERO3_CPU_SIMD=%s allows\n", path_name.c_str(),
-                    std::string(offload::simd_path_name(allowed)).c_str());
-        return 77;
+        zero3::test::skip("SIMD path " + path_name +
+                          " is wider than ZERO3_CPU_SIMD=" + std::string(offload::simd_path_name(allowed)) + " allows");
       }
     } catch (const zero3::Error& e) {
       std::fprintf(stderr, "%s\n", e.what());

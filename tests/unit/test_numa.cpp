@@ -2,13 +2,12 @@
 // describe), a hand-written XML topology with GPUs below two different nodes (and one below the machine), and
 // this machine (memory binding moves first-touched pages to the node, and the thread's policy comes back).
 // What this machine cannot show (the OS refusing the binding or the queries) is not a pass: the program
-// then exits 77, which ctest reports as Skipped; offload_numa.tests.cmake runs that test case ([membind])
-// on its own, as unit.offload_numa.membind.
+// then exits 77 (tests/support/skip.hpp), which ctest reports as Skipped; offload_numa.tests.cmake runs that test case
+// ([membind]) on its own, as unit.offload_numa.membind.
 #define CATCH_CONFIG_RUNNER
 #include <hwloc.h>
 
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "skip.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/offload/numa.hpp"
 
@@ -295,6 +295,7 @@ TEST_CASE("this machine: memory bound to node 0 and the thread's policy restored
 int main(int argc, char** argv) {
   const int failed = Catch::Session().run(argc, argv);
   if (failed != 0 || g_skipped.empty()) return failed;
-  for (const std::string& what : g_skipped) std::printf("SKIPPED: %s\n", what.c_str());
-  return 77;
+  std::string reasons;
+  for (const std::string& what : g_skipped) reasons += (reasons.empty() ? "" : "; ") + what;
+  zero3::test::skip(reasons);
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/rng.hpp"
 #include "zero3/data/token_file.hpp"
@@ -24,28 +25,7 @@ using zero3::data::write_token_file;
 
 namespace {
 
-// A fresh directory per test case, removed with everything in it on scope exit.
-class ScratchDir {
- public:
-  ScratchDir()
-      : path_(fs::temp_directory_path() /
-              ("zero3_token_file_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using zero3::test::ScratchDir;
 
 std::vector<TokenId> random_ids(std::int64_t count, std::int64_t vocab, std::uint64_t seed) {
   const zero3::CounterRng rng(seed, zero3::hash_name("token_file_test"));

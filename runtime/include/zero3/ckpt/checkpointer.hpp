@@ -2,7 +2,7 @@
 // `zero3 train` and for trainers that embed the engine. Every call here is collective: all ranks call it
 // in the same order.
 //
-// Usage (tests/mpi/test_checkpointer.cpp does this at 1-4 ranks):
+// Usage (the tests in tests/mpi/checkpointer/ do this at 1-4 ranks):
 //
 //   zero3::ckpt::Checkpointer ckpt(engine);            // the engine's bootstrap; async, 256 MiB staging
 //   if (resuming) ckpt.load("ckpt");                   // ROOT/latest; before the first micro-batch
