@@ -13,7 +13,7 @@ threads="${THREADS:-0}"
 
 torch_json="$(mktemp)"
 trap 'rm -f "$torch_json"' EXIT
-python3 "$here/torch_adamw.py" --params "$params" --threads "$threads" --json >"$torch_json"
+python3 "$here/../python/torch_adamw.py" --params "$params" --threads "$threads" --json >"$torch_json"
 if python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["results"] else 1)' "$torch_json"; then
   "$zero3" bench cpu-optimizer --params "$params" --threads "$threads" --torch-json "$torch_json" "$@"
   exit

@@ -2,7 +2,7 @@
 // side with STREAM's triad on the same buffers (the machine's streaming bandwidth), with its memory bound (the
 // step's loads and stores, trivial arithmetic) and with the unfused pass sequence DeepSpeed runs for a 16-bit
 // ZeRO-Offload step (grad norm, unscale + clip, optimizer, cast), all on one thread pool, one tiling and one SIMD
-// path, repeats interleaved; optionally next to torch.optim.AdamW figures from tools/bench/torch_adamw.py --json.
+// path, repeats interleaved; optionally next to torch.optim.AdamW figures from tools/python/torch_adamw.py --json.
 // One size's buffers at a time.
 #include <fmt/format.h>
 
@@ -407,7 +407,7 @@ struct TorchFigure {
   int threads = 0;
 };
 
-// The fastest variant per size from tools/bench/torch_adamw.py --json.
+// The fastest variant per size from tools/python/torch_adamw.py --json.
 std::map<std::size_t, TorchFigure> read_torch_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError(fmt::format("--torch-json {}: cannot open the file", path));
@@ -575,7 +575,7 @@ void print_table(const std::vector<SizeResult>& results, const std::vector<Skipp
       name == "adamw" ? "adam" : name, name);
   if (with_torch)
     fmt::print(
-        "  torch        torch.optim.AdamW from tools/bench/torch_adamw.py (fastest variant); fused/torch = "
+        "  torch        torch.optim.AdamW from tools/python/torch_adamw.py (fastest variant); fused/torch = "
         "ratio of Gpar/s\n");
 }
 
@@ -657,7 +657,7 @@ void add_bench_cpu_optimizer_command(CLI::App& group) {
       ->check(CLI::Range(1, 10'000));
   bench::add_json_flag(*cmd, opt->json);
   cmd->add_option("--torch-json", opt->torch_json,
-                  "Merge torch.optim.AdamW figures from tools/bench/torch_adamw.py --json into the table");
+                  "Merge torch.optim.AdamW figures from tools/python/torch_adamw.py --json into the table");
   cmd->callback([opt] { run_cpu_optimizer_bench(*opt); });
 }
 

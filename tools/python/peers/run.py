@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """zero3 side by side with its peers on the CPU: interleaved rounds, the ratio zero3/peer per round.
 
-  python tools/bench/peers/run.py --zero3 build-host/bin/zero3 --rounds 5 [--only gpt|optimizer]
+  python tools/python/peers/run.py --zero3 build-host/bin/zero3 --rounds 5 [--only gpt|optimizer]
                                   [--config configs/gpt-small.json] [--python VENV/bin/python]
 
 Each round runs every contestant once, in an order shuffled afresh each round (seeded: --seed), so that a
@@ -9,7 +9,7 @@ machine that slows down or speeds up during the run weighs on every contestant a
 always runs right after the same one (after a 1B-param optimizer run the kernel is still reclaiming GBs
 of memory); --settle idle seconds follow each such run. At the end one table gives,
 per comparison, zero3's figure over the peer's in every round, their median and range, and the median
-absolute figures. The peers (torch, FSDP2, DeepSpeed) come from tools/bench/peers/setup.sh's environment.
+absolute figures. The peers (torch, FSDP2, DeepSpeed) come from tools/python/peers/setup.sh's environment.
 """
 
 import argparse
@@ -313,7 +313,7 @@ def main():
     versions, why = check_python(args.python)
     if versions is None:
         print(f"run.py: {args.python} cannot import torch and deepspeed ({why}).\n"
-              f"Install the peers with tools/bench/peers/setup.sh [VENV] and pass --python VENV/bin/python "
+              f"Install the peers with tools/python/peers/setup.sh [VENV] and pass --python VENV/bin/python "
               f"(or set ZERO3_PEERS_VENV).", file=sys.stderr)
         return 2
     if args.only != "optimizer" and not shutil.which(args.mpirun[0]):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The peers of tools/bench/peers/run.py in a virtual environment outside the repository:
-# torch 2.15.0 (CPU wheels), deepspeed 0.19.8 (built against that torch), numpy, hjson.
-# Usage: tools/bench/peers/setup.sh [VENV]   (default ${ZERO3_PEERS_VENV:-$HOME/.cache/zero3-peers-venv})
+# The peers of tools/python/peers/run.py in a virtual environment outside the repository:
+# tools/python/requirements-peers.txt, with its torch from the CPU wheels and its deepspeed built against it.
+# Usage: tools/python/peers/setup.sh [VENV]   (default ${ZERO3_PEERS_VENV:-$HOME/.cache/zero3-peers-venv})
 # Idempotent: an environment that already imports the pinned versions is left as it is.
 set -euo pipefail
 
@@ -11,8 +11,10 @@ case "$(realpath -m "$venv")/" in
   "$repo"/*) echo "setup.sh: $venv is inside the repository; pick a path outside it" >&2; exit 2 ;;
 esac
 
-torch_version=2.15.0
-deepspeed_version=0.19.8
+requirements="$repo/tools/python/requirements-peers.txt"
+pin() { sed -n "s/^$1==//p" "$requirements"; }
+torch_version="$(pin torch)"
+deepspeed_version="$(pin deepspeed)"
 python="$venv/bin/python"
 
 have_pins() {
@@ -32,9 +34,8 @@ else
   # The CPU wheels: no CUDA runtime to download on a machine that has no GPU to use it.
   "$python" -m pip install "torch==$torch_version" --index-url https://download.pytorch.org/whl/cpu ||
     "$python" -m pip install "torch==$torch_version"
-  "$python" -m pip install numpy hjson ninja py-cpuinfo psutil
   # DeepSpeed's setup.py imports torch: build it against the torch just installed, not an isolated one.
-  "$python" -m pip install --no-build-isolation "deepspeed==$deepspeed_version"
+  "$python" -m pip install --no-build-isolation -r "$requirements"
   have_pins || { echo "setup.sh: $venv still cannot import the pinned torch and deepspeed" >&2; exit 1; }
 fi
-echo "run the benchmark with: python tools/bench/peers/run.py --python $python --zero3 build-host/bin/zero3"
+echo "run the benchmark with: python tools/python/peers/run.py --python $python --zero3 build-host/bin/zero3"

@@ -8,8 +8,8 @@ give: R"js(...)js" (what hjson 3.1.0 gives, compared exactly, int and float kept
 checks that the values written there are hjson's, so together they compare zero3 with hjson.
 
 Usage (with a Python that has hjson 3.1.0, e.g. a venv outside the repository):
-  python tools/ds-compat/hjson_diff.py [tests/unit/test_config_syntax.cpp]   # check every case
-  python tools/ds-compat/hjson_diff.py --show FILE...                        # print hjson's reading of files
+  python tools/python/ds_compat/hjson_diff.py [tests/unit/test_config_syntax.cpp]   # check every case
+  python tools/python/ds_compat/hjson_diff.py --show FILE...                        # print hjson's reading of files
 Inputs are read as DeepSpeed reads a config path: hjson.load(open(path), object_pairs_hook=<no duplicates>).
 """
 import codecs

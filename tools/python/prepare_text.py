@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Turn text files into a zero3 token file (docs/data.md), byte-level or with a local tokenizer.json.
 
-  tools/prepare_text.py --out corpus.tok --python-stdlib --glob '*.py'
-  tools/prepare_text.py --out corpus.tok --tokenizer ./tokenizer.json notes/*.txt
-  tools/prepare_text.py --out corpus.tok --baselines --heldout-fraction 0.05 --python-stdlib --glob '*.py'
+  tools/python/prepare_text.py --out corpus.tok --python-stdlib --glob '*.py'
+  tools/python/prepare_text.py --out corpus.tok --tokenizer ./tokenizer.json notes/*.txt
+  tools/python/prepare_text.py --out corpus.tok --baselines --heldout-fraction 0.05 --python-stdlib --glob '*.py'
 
 Byte-level (the default) needs nothing beyond Python: each byte is a token, vocab_size 256. With
 --tokenizer, the Hugging Face `tokenizers` package encodes the text with that file; nothing is ever

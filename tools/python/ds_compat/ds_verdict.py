@@ -13,7 +13,7 @@ explicit values, a stand-in hidden size and a run length), then the same checks.
 
 Run with a Python that has deepspeed 0.19.8 (and transformers for the HF verdict), e.g. a virtual
 environment outside the repository (pip install torch deepspeed==0.19.8 hjson transformers accelerate):
-  DS_ACCELERATOR=cpu VENV/bin/python tools/ds-compat/ds_verdict.py tests/data/configs/corpus
+  DS_ACCELERATOR=cpu VENV/bin/python tools/python/ds_compat/ds_verdict.py tests/data/configs/corpus
   ... --manifest tests/data/configs/corpus/manifest.json --check     # exit 1 when a verdict changed
   ... --manifest tests/data/configs/corpus/manifest.json --update    # rewrite the "deepspeed" fields
   ... --json                                                       # the verdicts as JSON

@@ -12,7 +12,7 @@ and a third the batch rule at world sizes 1, 2, 4 and 8.
 Run it from a virtual environment OUTSIDE this repository that has deepspeed
 installed (no GPU needed):
 
-    DS_ACCELERATOR=cpu /path/to/venv/bin/python tools/ds-compat/probe_sections.py
+    DS_ACCELERATOR=cpu /path/to/venv/bin/python tools/python/ds_compat/probe_sections.py
 
 The DeepSpeed version and pydantic version are printed first; the rows are what
 that version does, so rerun it after upgrading DeepSpeed.
