@@ -3,16 +3,18 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.hpp"
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
+#include "zero3/core/version.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"zero3: ZeRO-3 sharded training with CPU offload, configured by DeepSpeed JSON", "zero3"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "zero3 0.1.0");
+  app.set_version_flag("--version", "zero3 " + std::string(zero3::kVersionString));
   zero3::tools::add_config_command(app);
   zero3::tools::add_demo_command(app);
   zero3::tools::add_info_command(app);
