@@ -1,13 +1,13 @@
-#include "hf_export.hpp"
+// Hugging Face export (zero3/ckpt/hf_export.hpp): transformers' config.json beside the safetensors shards.
+#include "zero3/ckpt/hf_export.hpp"
 
 #include <fmt/format.h>
 
-#include <cctype>
 #include <fstream>
 
 #include "zero3/core/error.hpp"
 
-namespace zero3::tools {
+namespace zero3::ckpt {
 
 nlohmann::ordered_json hf_config_json(const nlohmann::json& resolved_config, DType dtype) {
   const nlohmann::json* model = nullptr;
@@ -15,16 +15,15 @@ nlohmann::ordered_json hf_config_json(const nlohmann::json& resolved_config, DTy
     model = &resolved_config["zero3"]["model"];
   }
   if (model == nullptr || model->value("type", "") != "llama") {
-    throw ConfigError(fmt::format(
-        "--format hf: the checkpoint's model is \"{}\"; Hugging Face export is for \"type\": \"llama\" models (use "
-        "--format safetensors for the weights alone)",
-        model == nullptr ? "unknown" : model->value("type", "unknown")));
+    throw ConfigError(
+        fmt::format("the checkpoint's model is \"{}\"; Hugging Face export is for \"type\": \"llama\" models",
+                    model == nullptr ? "unknown" : model->value("type", "unknown")));
   }
   const nlohmann::json& m = *model;
   const bool qkv_bias = m.value("qkv_bias", false);
   const bool o_bias = m.value("o_bias", false);
   if (o_bias && !qkv_bias) {
-    throw ConfigError("--format hf: an o_proj bias without q/k/v biases is neither a Llama nor a Qwen2 model");
+    throw ConfigError("an o_proj bias without q/k/v biases is neither a Llama nor a Qwen2 model");
   }
   const bool qwen2 = qkv_bias && !o_bias;
   const std::int64_t heads = m.at("heads").get<std::int64_t>();
@@ -54,32 +53,10 @@ nlohmann::ordered_json hf_config_json(const nlohmann::json& resolved_config, DTy
   return c;
 }
 
-std::uint64_t parse_size(const std::string& text) {
-  std::size_t digits = 0;
-  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) != 0 || text[digits] == '.')) {
-    ++digits;
-  }
-  double value = 0;
-  try {
-    value = std::stod(text.substr(0, digits));
-  } catch (const std::exception&) {
-    throw ConfigError(fmt::format("--max-shard-size \"{}\": not a size (e.g. 5GB, 500MB, 2GiB)", text));
-  }
-  std::string unit = text.substr(digits);
-  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  const std::pair<const char*, double> units[] = {
-      {"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
-      {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
-  for (const auto& [name, factor] : units) {
-    if (unit == name && value * factor >= 1) return static_cast<std::uint64_t>(value * factor);
-  }
-  throw ConfigError(fmt::format("--max-shard-size \"{}\": not a size (e.g. 5GB, 500MB, 2GiB)", text));
-}
-
-std::vector<std::filesystem::path> export_hf(const ckpt::CheckpointReader& reader, const std::filesystem::path& out,
+std::vector<std::filesystem::path> export_hf(const CheckpointReader& reader, const std::filesystem::path& out,
                                              DType dtype, std::uint64_t max_shard_bytes) {
   const nlohmann::ordered_json config = hf_config_json(reader.manifest().config, dtype);
-  std::vector<std::filesystem::path> files = ckpt::export_safetensors_shards(reader, out, dtype, max_shard_bytes);
+  std::vector<std::filesystem::path> files = export_safetensors_shards(reader, out, dtype, max_shard_bytes);
   const std::filesystem::path path = out / "config.json";
   std::ofstream f(path);
   f << config.dump(2) << '\n';
@@ -89,4 +66,4 @@ std::vector<std::filesystem::path> export_hf(const ckpt::CheckpointReader& reade
   return files;
 }
 
-}  // namespace zero3::tools
+}  // namespace zero3::ckpt
