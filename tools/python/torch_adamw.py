@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Times torch.optim.AdamW's CPU step at the sizes and thread count of `zero3 bench cpu-optimizer`.
+"""Times torch.optim.AdamW's CPU step at the sizes and thread count of `zero3-bench cpu-optimizer`.
 
 One flat fp32 parameter (what a ZeRO-Offload sub-group is) with an fp32 gradient; no 16-bit copy. Variants:
 "default" (what torch picks for CPU tensors), "foreach" (foreach=True) and "fused" (fused=True, where this
 torch supports it on CPU). Reports the best of --repeats steps per variant, after one untimed step.
 With --json prints {"results": [{"params", "threads", "torch_gparams_per_s", "variant"}, ...]}, which
-`zero3 bench cpu-optimizer --torch-json FILE` merges into its table.
+`zero3-bench cpu-optimizer --torch-json FILE` merges into its table.
 """
 
 import argparse

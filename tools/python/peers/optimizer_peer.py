@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The CPU optimizer step of zero3's peers at the sizes of `zero3 bench cpu-optimizer`, one JSON line each.
+"""The CPU optimizer step of zero3's peers at the sizes of `zero3-bench cpu-optimizer`, one JSON line each.
 
 One flat fp32 parameter (what a ZeRO-Offload sub-group is) with an fp32 gradient, AdamW with DeepSpeed's
 defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01), after one untimed step; the best of

@@ -3,6 +3,10 @@
 
   python tools/python/peers/run.py --zero3 build-host/bin/zero3 --rounds 5 [--only gpt|optimizer]
                                   [--config configs/gpt-small.json] [--python VENV/bin/python]
+                                  [--zero3-bench build-host/bin/zero3-bench]
+
+The GPT runs are `zero3 train` jobs, the optimizer runs `zero3-bench cpu-optimizer` (by default the
+zero3-bench beside --zero3: both are built into the build tree's bin/).
 
 Each round runs every contestant once, in an order shuffled afresh each round (seeded: --seed), so that a
 machine that slows down or speeds up during the run weighs on every contestant alike, and no contestant
@@ -167,7 +171,7 @@ def optimizer_contestants(args, info):
     contestants = []
 
     def zero3():
-        argv = [args.zero3, "bench", "cpu-optimizer", "--params", sizes, "--threads", str(threads), "--repeats",
+        argv = [args.zero3_bench, "cpu-optimizer", "--params", sizes, "--threads", str(threads), "--repeats",
                 str(args.repeats), "--json"]
         out, _ = run_command(argv, args.timeout)
         doc = json_lines(out)[-1]
@@ -276,7 +280,9 @@ def default_python():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--zero3", default="build-host/bin/zero3", help="the zero3 program")
+    ap.add_argument("--zero3", default="build-host/bin/zero3", help="the zero3 program (the GPT runs)")
+    ap.add_argument("--zero3-bench", default=None,
+                    help="the zero3-bench program (the optimizer runs); default: zero3-bench beside --zero3")
     ap.add_argument("--python", default=None,
                     help="the peers' Python (torch, deepspeed); default $ZERO3_PEERS_VENV/bin/python, "
                          "~/.cache/zero3-peers-venv/bin/python when it exists, else this Python")
@@ -305,10 +311,15 @@ def main():
     args.params = [s.strip() for s in args.params.split(",") if s.strip()]
     args.python = args.python or default_python()
     args.zero3 = os.path.abspath(args.zero3)
+    args.zero3_bench = os.path.abspath(args.zero3_bench or os.path.join(os.path.dirname(args.zero3), "zero3-bench"))
     config_path = os.path.abspath(args.config)
 
     if not os.access(args.zero3, os.X_OK):
         print(f"run.py: {args.zero3} is not an executable zero3 program (build it, or pass --zero3)", file=sys.stderr)
+        return 2
+    if args.only != "gpt" and not os.access(args.zero3_bench, os.X_OK):
+        print(f"run.py: {args.zero3_bench} is not an executable zero3-bench program (build the zero3-bench target, "
+              f"or pass --zero3-bench)", file=sys.stderr)
         return 2
     versions, why = check_python(args.python)
     if versions is None:
@@ -348,7 +359,7 @@ def main():
             comparisons += k
 
         print(f"peers: torch {versions.split()[0]}, deepspeed {versions.split()[1]} ({args.python})")
-        print(f"zero3: {args.zero3}")
+        print(f"zero3: {args.zero3}" + (f", {args.zero3_bench}" if args.only != "gpt" else ""))
         print(f"model: {peers_config.describe(m)}; {args.warmup} + {args.steps} steps per GPT run")
         print(f"{len(contestants)} contestants x {args.rounds} rounds, order shuffled per round (seed {args.seed}), "
               f"{args.settle:g} s idle after each optimizer run", flush=True)

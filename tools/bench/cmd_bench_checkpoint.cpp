@@ -1,4 +1,4 @@
-// `zero3 bench checkpoint [--json]`: checkpoint save and load throughput of the engine's state (the host
+// `zero3-bench checkpoint [--json]`: checkpoint save and load throughput of the engine's state (the host
 // GPT of bench_trainer.hpp, fp32 params + master + Adam moments) next to a plain sequential write and read of the same
 // bytes on the same disk, and the step-time cost of an async save (steps while a save is in flight vs
 // steps without one). Meant for `mpirun -np N`; every rank writes and reads its own share, as a save does;
@@ -18,9 +18,9 @@
 #include <system_error>
 #include <vector>
 
+#include "bench_commands.hpp"
 #include "bench_common.hpp"
 #include "bench_trainer.hpp"
-#include "commands.hpp"
 #include "zero3/ckpt/checkpointer.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/core/error.hpp"
@@ -57,7 +57,7 @@ void drop_cache_tree(const fs::path& dir) {
 void check_io(bool ok, const char* what, const fs::path& path) {
   if (!ok)
     throw Error(
-        fmt::format("zero3 bench checkpoint: {} {}: {}", what, path.string(), std::generic_category().message(errno)));
+        fmt::format("zero3-bench checkpoint: {} {}: {}", what, path.string(), std::generic_category().message(errno)));
 }
 
 // The plain reference: `bytes` written sequentially in 4 MiB writes and fsynced.
@@ -96,7 +96,7 @@ config::Config bench_config(const ModelShape& shape, int world_size) {
           "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3, "weight_decay": 0.01}}}},
           "zero_optimization": {{"stage": 3}}, "zero3": {}}})",
                   shape.micro_batch, zero3_block(shape)),
-      world_size, "zero3 bench checkpoint");
+      world_size, "zero3-bench checkpoint");
 }
 
 void run(const CheckpointBenchOptions& o) {
@@ -143,7 +143,7 @@ void run(const CheckpointBenchOptions& o) {
                         sync_saver.save(root / "ours", fmt::format("bench{}", r), step, nlohmann::json::object());
                         const std::vector<ckpt::SaveReport> saved = sync_saver.wait();
                         if (saved.empty() || !saved.front().ok) {
-                          throw Error(fmt::format("zero3 bench checkpoint: the save failed: {}",
+                          throw Error(fmt::format("zero3-bench checkpoint: the save failed: {}",
                                                   saved.empty() ? "no report" : saved.front().error));
                         }
                         total_bytes = saved.front().bytes;
@@ -186,7 +186,7 @@ void run(const CheckpointBenchOptions& o) {
   }
   const double flight_step_s = seconds_since(t0) / steps_in_flight;
   if (!done.front().ok)
-    throw Error(fmt::format("zero3 bench checkpoint: the async save failed: {}", done.front().error));
+    throw Error(fmt::format("zero3-bench checkpoint: the async save failed: {}", done.front().error));
   fs::remove(raw);
   bootstrap->barrier();
   if (world.rank != 0) return;
@@ -209,7 +209,7 @@ void run(const CheckpointBenchOptions& o) {
         ratio);
     return;
   }
-  fmt::print("zero3 bench checkpoint: {}, {} params, {} ranks; {:.1f} MB of state in {}\n", trainer.model().describe(),
+  fmt::print("zero3-bench checkpoint: {}, {} params, {} ranks; {:.1f} MB of state in {}\n", trainer.model().describe(),
              engine.stats().total_elems, world.size, gb * 1e3, root.string());
   fmt::print("| | GB/s | vs plain |\n|---|---|---|\n");
   fmt::print("| save (snapshot, write, fsync, commit) | {:.3f} | {:.2f} |\n", save_gbps, save_gbps / raw_write_gbps);
@@ -223,9 +223,9 @@ void run(const CheckpointBenchOptions& o) {
 
 }  // namespace
 
-void add_bench_checkpoint_command(CLI::App& group) {
+void add_bench_checkpoint_command(CLI::App& app) {
   auto opt = std::make_shared<CheckpointBenchOptions>();
-  CLI::App* cmd = group.add_subcommand(
+  CLI::App* cmd = app.add_subcommand(
       "checkpoint", "Checkpoint save/load GB/s vs plain sequential I/O, and the step-time cost of an async save");
   bench::add_json_flag(*cmd, opt->json);
   cmd->add_option("--dir", opt->dir, "Where to write (default: a fresh temporary directory, removed after)");

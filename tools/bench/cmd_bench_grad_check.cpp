@@ -1,4 +1,4 @@
-// `zero3 bench grad-check`: what the optimizer step's non-finite check costs next to the squared norm it
+// `zero3-bench grad-check`: what the optimizer step's non-finite check costs next to the squared norm it
 // already takes, on one rank's fp32 gradient shard of each --elems size, on the device's kernels (the
 // host's, or the GPU's with --device cuda): the norm alone (sum_squares: the step's one pass, from whose
 // result the check is read), a separate nonfinite_check pass, and both one after the other (what checking
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_commands.hpp"
 #include "bench_common.hpp"
-#include "commands.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/kernels/kernels.hpp"
 
@@ -87,9 +87,9 @@ void run(const GradCheckOptions& o) {
 
 }  // namespace
 
-void add_bench_grad_check_command(CLI::App& group) {
+void add_bench_grad_check_command(CLI::App& app) {
   auto opt = std::make_shared<GradCheckOptions>();
-  CLI::App* cmd = group.add_subcommand(
+  CLI::App* cmd = app.add_subcommand(
       "grad-check", "What the step's non-finite gradient check costs next to the norm (one rank's shard)");
   cmd->add_option("--elems", opt->elems, "Gradient shard sizes, elements")->capture_default_str();
   bench::add_repeats_option(*cmd, opt->repeats, "Timed blocks of 20 calls; the median is reported");

@@ -1,4 +1,4 @@
-// `zero3 bench offload`: the step time of the host GPT (bench_trainer.hpp) under the engine with CPU offload of
+// `zero3-bench offload`: the step time of the host GPT (bench_trainer.hpp) under the engine with CPU offload of
 // the optimizer (and optionally of the params) next to the same engine without offload, alternating timed
 // blocks in one run, plus where the offloaded step's traffic went: bytes each way, the time the
 // host<->device copies ran and the share of it hidden behind other work (compute-stream work, the CPU
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "bench_commands.hpp"
 #include "bench_common.hpp"
 #include "bench_trainer.hpp"
-#include "commands.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
@@ -44,7 +44,7 @@ config::Config bench_config(const OffloadBenchOptions& o, int world_size, bool o
           "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3, "weight_decay": 0.01}}}},
           "zero_optimization": {{{}}}, "zero3": {}}})",
       o.shape.micro_batch, offload ? "true" : "false", zero, zero3_block(o.shape));
-  return bench::parse_builtin_config(text, world_size, "zero3 bench offload");
+  return bench::parse_builtin_config(text, world_size, "zero3-bench offload");
 }
 
 std::uint64_t device_state_bytes(Engine& e) {
@@ -113,7 +113,7 @@ void run(const OffloadBenchOptions& o) {
     return;
   }
   fmt::print(
-      "zero3 bench offload: {}; {} params; world size {}; AdamW fp32, host device; "
+      "zero3-bench offload: {}; {} params; world size {}; AdamW fp32, host device; "
       "offload_optimizer cpu (pinned){}\n",
       offloaded.model().describe(), st.total_elems, world.size, o.offload_param ? " + offload_param cpu" : "");
   fmt::print("step time, median (range) of {} x {} steps (blocks alternate):\n", o.repeats, o.steps);
@@ -133,9 +133,9 @@ void run(const OffloadBenchOptions& o) {
 
 }  // namespace
 
-void add_bench_offload_command(CLI::App& group) {
+void add_bench_offload_command(CLI::App& app) {
   auto opt = std::make_shared<OffloadBenchOptions>();
-  CLI::App* cmd = group.add_subcommand(
+  CLI::App* cmd = app.add_subcommand(
       "offload", "Step time of the host GPT with and without CPU offload, and how much of the copying is hidden");
   bench::add_json_flag(*cmd, opt->json);
   cmd->add_flag("--offload-param", opt->offload_param, "Offload the param shards too (offload_param cpu)");

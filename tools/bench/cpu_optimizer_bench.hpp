@@ -1,4 +1,4 @@
-// The reference kernels of `zero3 bench cpu-optimizer`, next to which zero3's fused CPU optimizer step
+// The reference kernels of `zero3-bench cpu-optimizer`, next to which zero3's fused CPU optimizer step
 // (zero3/offload/cpu_optimizer.hpp) is timed: the memory bound (the fused step's loads and stores with trivial
 // arithmetic) and the single-stream passes of the unfused sequence DeepSpeed runs for a 16-bit ZeRO-Offload
 // step (grad norm, unscale + clip, optimizer, cast to 16 bits). Each function is single-threaded over its

@@ -1,10 +1,10 @@
-// `zero3 bench train [--config F] [--world-sizes 1,2] [--json]`: tokens/s and the step-time split of a
+// `zero3-bench train [--config F] [--world-sizes 1,2] [--json]`: tokens/s and the step-time split of a
 // `zero3 train` job (configs/gpt-small.json by default) at each world size, without and with CPU offload of
-// the optimizer, side by side. Each cell is a real `zero3 train` run of this same program, started as a
-// child process (under mpirun for more than one rank) with wall_clock_breakdown on; its --metrics lines
-// give the figures. The first `--steps` steps of a run are its warm-up (trace recording, first touches of
-// memory, OpenBLAS's thread start); the next `--steps` are measured. Run it as one process, not under
-// mpirun: it launches the ranks itself.
+// the optimizer, side by side. Each cell is a real `zero3 train` run of the `zero3` program beside this one
+// (or --zero3), started as a child process (under mpirun for more than one rank) with wall_clock_breakdown
+// on; its --metrics lines give the figures. The first `--steps` steps of a run are its warm-up (trace
+// recording, first touches of memory, OpenBLAS's thread start); the next `--steps` are measured. Run it as
+// one process, not under mpirun: it launches the ranks itself.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
@@ -22,8 +22,8 @@
 #include <system_error>
 #include <vector>
 
+#include "bench_commands.hpp"
 #include "bench_common.hpp"
-#include "commands.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::tools {
@@ -38,6 +38,7 @@ struct TrainBenchOptions {
   int steps = 3;
   bool json = false;
   std::string mpirun = "mpirun";
+  std::string zero3;   // the zero3 program; "" is the one in this program's directory
   std::string device;  // "" keeps the config's zero3.device
   bool keep = false;   // keep the runs' configs, metrics and logs
 };
@@ -70,7 +71,7 @@ int run_process(const std::vector<std::string>& argv, const fs::path& log) {
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t pid = fork();
-  if (pid < 0) throw Error(fmt::format("zero3 bench train: fork: {}", std::generic_category().message(errno)));
+  if (pid < 0) throw Error(fmt::format("zero3-bench train: fork: {}", std::generic_category().message(errno)));
   if (pid == 0) {
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
@@ -85,7 +86,7 @@ int run_process(const std::vector<std::string>& argv, const fs::path& log) {
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR)
-      throw Error(fmt::format("zero3 bench train: waitpid: {}", std::generic_category().message(errno)));
+      throw Error(fmt::format("zero3-bench train: waitpid: {}", std::generic_category().message(errno)));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -118,15 +119,15 @@ Cell run_cell(const TrainBenchOptions& o, const Json& base, const fs::path& dir,
     if (geteuid() == 0) argv.emplace_back("--allow-run-as-root");
   }
   for (const std::string& a :
-       {fs::read_symlink("/proc/self/exe").string(), std::string("train"), std::string("--config"), config.string(),
-        std::string("--steps"), std::to_string(2 * o.steps), std::string("--log-interval"), std::to_string(o.steps),
+       {o.zero3, std::string("train"), std::string("--config"), config.string(), std::string("--steps"),
+        std::to_string(2 * o.steps), std::string("--log-interval"), std::to_string(o.steps),
         std::string("--heldout-samples"), std::string("1"), std::string("--progress"), std::string("off"),
         std::string("--metrics"), metrics.string()}) {
     argv.push_back(a);
   }
   const int rc = run_process(argv, log);
   if (rc != 0) {
-    throw Error(fmt::format("zero3 bench train: the {} run exited with status {} ({}); its log ({}) ends:\n{}", name,
+    throw Error(fmt::format("zero3-bench train: the {} run exited with status {} ({}); its log ({}) ends:\n{}", name,
                             rc, fmt::join(argv, " "), log.string(), tail(read_text(log), 15)));
   }
   std::vector<Json> lines;
@@ -135,18 +136,31 @@ Cell run_cell(const TrainBenchOptions& o, const Json& base, const fs::path& dir,
     if (!line.empty()) lines.push_back(Json::parse(line));
   }
   if (lines.size() < 2 || !lines.back().contains("time_ms")) {
-    throw Error(fmt::format("zero3 bench train: the {} run wrote {} metrics line(s) to {}, expected 2 with time_ms",
+    throw Error(fmt::format("zero3-bench train: the {} run wrote {} metrics line(s) to {}, expected 2 with time_ms",
                             name, lines.size(), metrics.string()));
   }
   const Json& m = lines.back();  // the measured half of the run
   return {world_size, offload, m.at("tokens_per_s").get<double>(), m.at("time_ms"), m.at("loss").get<double>()};
 }
 
-void run(const TrainBenchOptions& o) {
+// The zero3 program the runs start: --zero3, else `zero3` in the directory of this program (both are built
+// into the build tree's bin/). UsageError when it is not an executable file.
+std::string zero3_program(const std::string& option) {
+  const fs::path path = option.empty() ? fs::read_symlink("/proc/self/exe").parent_path() / "zero3" : fs::path(option);
+  if (!fs::is_regular_file(path) || access(path.c_str(), X_OK) != 0) {
+    throw UsageError(fmt::format(
+        "zero3-bench train: {} is not an executable zero3 program (build the zero3 target, or pass --zero3)",
+        path.string()));
+  }
+  return path.string();
+}
+
+void run(TrainBenchOptions o) {
   // NOLINTNEXTLINE(concurrency-mt-unsafe): read before any thread starts
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_RANK") != nullptr) {
-    throw UsageError("zero3 bench train: run it as one process (not under mpirun): it starts the ranks itself");
+    throw UsageError("zero3-bench train: run it as one process (not under mpirun): it starts the ranks itself");
   }
+  o.zero3 = zero3_program(o.zero3);
   std::ifstream in(o.config);
   if (!in)
     throw ConfigError(fmt::format("--config {}: cannot read: {}", o.config, std::generic_category().message(errno)));
@@ -163,7 +177,7 @@ void run(const TrainBenchOptions& o) {
     for (const int ws : o.world_sizes) {
       for (const bool offload : {false, true}) {
         if (!o.json) {
-          fmt::print(stderr, "zero3 bench train: world size {}, {} ...\n", ws, offload ? "offload" : "on device");
+          fmt::print(stderr, "zero3-bench train: world size {}, {} ...\n", ws, offload ? "offload" : "on device");
         }
         cells.push_back(run_cell(o, base, dir, ws, offload));
       }
@@ -189,7 +203,7 @@ void run(const TrainBenchOptions& o) {
     fmt::print("{}\n", out.dump(2));
     return;
   }
-  fmt::print("zero3 bench train: {} ({} measured steps after {} warm-up steps per run; ms per step, rank 0)\n",
+  fmt::print("zero3-bench train: {} ({} measured steps after {} warm-up steps per run; ms per step, rank 0)\n",
              o.config, o.steps, o.steps);
   fmt::print(
       "| ranks | optimizer | tokens/s | vs first | step ms | forward | backward | step() | optimizer | gather wait | "
@@ -205,9 +219,9 @@ void run(const TrainBenchOptions& o) {
 
 }  // namespace
 
-void add_bench_train_command(CLI::App& group) {
+void add_bench_train_command(CLI::App& app) {
   auto opt = std::make_shared<TrainBenchOptions>();
-  CLI::App* cmd = group.add_subcommand(
+  CLI::App* cmd = app.add_subcommand(
       "train", "tokens/s and step-time split of a zero3 train job at each world size, with and without CPU offload");
   cmd->add_option("--config", opt->config, "The job (a zero3 train config)")->capture_default_str();
   cmd->add_option("--world-sizes", opt->world_sizes, "Ranks of each run (local, through --mpirun above 1)")
@@ -217,6 +231,7 @@ void add_bench_train_command(CLI::App& group) {
   bench::add_steps_option(*cmd, opt->steps, "Warm-up steps, then as many measured steps, per run", 100000);
   cmd->add_option("--device", opt->device, "Override zero3.device (host, cuda, auto)");
   cmd->add_option("--mpirun", opt->mpirun, "Open MPI launcher for runs of more than one rank")->capture_default_str();
+  cmd->add_option("--zero3", opt->zero3, "The zero3 program that runs the jobs (default: the one beside zero3-bench)");
   bench::add_json_flag(*cmd, opt->json);
   cmd->add_flag("--keep", opt->keep, "Keep the runs' configs, metrics and logs (in the temporary directory)");
   cmd->callback([opt] { run(*opt); });

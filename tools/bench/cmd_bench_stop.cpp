@@ -1,4 +1,4 @@
-// `zero3 bench stop-agreement [--steps N] [--repeats R] [--json]`: what a per-step stop agreement through the
+// `zero3-bench stop-agreement [--steps N] [--repeats R] [--json]`: what a per-step stop agreement through the
 // bootstrap (train::agree_on_stop: a 4-byte all-gather, train/preemption.hpp) would cost, next to a bootstrap
 // barrier, in microseconds per call. Meant for `mpirun -np N`; rank 0 reports the median over the timed
 // blocks and the range. The loop pays it only after a stop request (the request itself rides on the step's
@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
+#include "bench_commands.hpp"
 #include "bench_common.hpp"
-#include "commands.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/train/preemption.hpp"
 
@@ -44,7 +44,7 @@ void run(const StopBenchOptions& o) {
   const bench::Spread agree =
       time_us_per_call(*bootstrap, o, [&] { stops += train::agree_on_stop(*bootstrap).stop ? 1 : 0; });
   const bench::Spread barrier = time_us_per_call(*bootstrap, o, [&] { bootstrap->barrier(); });
-  if (stops != 0) throw Error("zero3 bench stop-agreement: a stop was agreed though none was requested");
+  if (stops != 0) throw Error("zero3-bench stop-agreement: a stop was agreed though none was requested");
   if (world.rank != 0) return;
   if (o.json) {
     fmt::print(R"({{"world_size": {}, "calls": {}, "agree_us": {:.3f}, "agree_us_min": {:.3f}, )"
@@ -62,9 +62,9 @@ void run(const StopBenchOptions& o) {
 
 }  // namespace
 
-void add_bench_stop_command(CLI::App& group) {
+void add_bench_stop_command(CLI::App& app) {
   auto opt = std::make_shared<StopBenchOptions>();
-  CLI::App* cmd = group.add_subcommand(
+  CLI::App* cmd = app.add_subcommand(
       "stop-agreement", "Per-step cost of the ranks' agreement on a stop request (preemption), in microseconds");
   bench::add_json_flag(*cmd, opt->json);
   bench::add_steps_option(*cmd, opt->steps, "Calls per timed block", 10'000'000);

@@ -1,4 +1,4 @@
-// bench_host_gemm: the host GPT's matrix products at a config's shapes (every linear layer's forward,
+// `zero3-bench host-gemm`: the host GPT's matrix products at a config's shapes (every linear layer's forward,
 // input-gradient and weight-gradient product: NT, NN and TN), timed through each candidate backend on 1
 // and 2 threads (or --threads): OpenBLAS sgemm on its own thread pool and in host_gemm's blocks on the
 // oneTBB pool, oneDNN fp32 matmul on its OpenMP pool, oneDNN bf16 matmul (bf16 operands, fp32 output) on
@@ -7,18 +7,22 @@
 // and the sum over one training step's products.
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "bench_commands.hpp"
+#include "bench_common.hpp"
 #include "host_gemm.hpp"
 #include "host_parallel.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/rng.hpp"
 
+namespace zero3::tools {
 namespace {
 
 using zero3::bf16_t;
@@ -99,8 +103,8 @@ struct Operands {
 void run(const Args& a) {
   const std::vector<Shape> list = shapes(a);
   const bool bf16 = gemm::bf16_native();
-  fmt::print("bench_host_gemm: rows {}, hidden {}, vocab {}, {} layers; OpenBLAS core {}; oneDNN {}; bf16 {}\n", a.rows,
-             a.hidden, a.vocab, a.layers, gemm::openblas_core(), gemm::onednn_built() ? "built" : "absent",
+  fmt::print("zero3-bench host-gemm: rows {}, hidden {}, vocab {}, {} layers; OpenBLAS core {}; oneDNN {}; bf16 {}\n",
+             a.rows, a.hidden, a.vocab, a.layers, gemm::openblas_core(), gemm::onednn_built() ? "built" : "absent",
              bf16 ? "native" : "unavailable");
   if (gemm::onednn_built()) {
     for (const Shape& s : list) {
@@ -188,30 +192,27 @@ void run(const Args& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const char* v = argv[i + 1];
-    if (flag == "--rows")
-      a.rows = std::strtoull(v, nullptr, 10);
-    else if (flag == "--hidden")
-      a.hidden = std::strtoull(v, nullptr, 10);
-    else if (flag == "--vocab")
-      a.vocab = std::strtoull(v, nullptr, 10);
-    else if (flag == "--layers")
-      a.layers = std::atoi(v);
-    else if (flag == "--threads")
-      a.threads = {std::atoi(v)};
-    else if (flag == "--min-ms")
-      a.min_ms = std::atof(v);
-    else {
-      fmt::print(
-          stderr,
-          "usage: bench_host_gemm [--rows N] [--hidden N] [--vocab N] [--layers N] [--threads N] [--min-ms MS]\n");
-      return 2;
-    }
-  }
-  run(a);
-  return 0;
+void add_bench_host_gemm_command(CLI::App& app) {
+  auto opt = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "host-gemm", "The host models' matrix products at a GPT's shapes through each backend, on 1 and 2 threads");
+  cmd->add_option("--rows", opt->rows, "Rows of the activations (micro-batch x context)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--hidden", opt->hidden, "Hidden size")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--vocab", opt->vocab, "Vocabulary (the lm_head's width)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  bench::add_count_option(*cmd, "--layers", opt->layers, "Transformer blocks (products per step)");
+  cmd->add_option("--threads", opt->threads, "Thread counts, one table each")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--min-ms", opt->min_ms, "Back-to-back calls per timing fill at least this many ms")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  bench::add_repeats_option(*cmd, opt->repeats, "Timings per product and backend; the best is reported");
+  cmd->callback([opt] { run(*opt); });
 }
+
+}  // namespace zero3::tools

@@ -1,4 +1,4 @@
-// The bound kernel and the unfused passes of `zero3 bench cpu-optimizer`, in scalar, AVX2 and AVX-512
+// The bound kernel and the unfused passes of `zero3-bench cpu-optimizer`, in scalar, AVX2 and AVX-512
 // forms. The vector forms carry GCC/Clang target attributes, so this one file needs no -mavx* flags and
 // the CPU check stays where zero3 makes it (offload::best_simd_path); each caller passes a supported path.
 // The vector loops load and store unaligned, as the fused kernels may be handed any element offset. The

@@ -1,4 +1,4 @@
-// `zero3 bench engine`: the step time of the library's host GPT (bench_trainer.hpp) trained by the ZeRO-3
+// `zero3-bench engine`: the step time of the library's host GPT (bench_trainer.hpp) trained by the ZeRO-3
 // engine through its unit walk, next to the same model trained without it (whole fp32 buffers walked by a
 // plain train::UnitSource, the same model code, the same host optimizer kernels on a host device stream),
 // in one run, plus the engine's communication volume per step and its gathered-params peak. Runs as a
@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "bench_commands.hpp"
 #include "bench_common.hpp"
 #include "bench_trainer.hpp"
-#include "commands.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
@@ -52,7 +52,7 @@ config::Config engine_config(const BenchOptions& o, int world_size) {
           "optimizer": {{"type": "AdamW", "params": {{"lr": {}, "betas": [{}, {}], "eps": {}, "weight_decay": {}}}}},
           "zero_optimization": {{"stage": 3, "stage3_max_reuse_distance": 0}}, "zero3": {}}})",
       o.shape.micro_batch, kClip, kLr, kBeta1, kBeta2, kEps, kWeightDecay, zero3_block(o.shape));
-  return bench::parse_builtin_config(text, world_size, "zero3 bench engine");
+  return bench::parse_builtin_config(text, world_size, "zero3-bench engine");
 }
 
 // ---- plain: whole fp32 buffers, no sharding, the same model code and optimizer kernels ------------------
@@ -123,7 +123,7 @@ class PlainTrainer {
       for (std::size_t k = 0; k < mine.size(); ++k) {
         const BufferView& from = u.params[k];
         ZERO3_CHECK(from.dtype == DType::f32 && from.count == mine[k].master.count(),
-                    "zero3 bench engine: the engine's params are not the plain trainer's fp32 shape");
+                    "zero3-bench engine: the engine's params are not the plain trainer's fp32 shape");
         std::memcpy(mine[k].master.data(), from.data, from.count * sizeof(float));
       }
     });
@@ -231,7 +231,7 @@ void run_bench(const BenchOptions& o) {
     return;
   }
   fmt::print(
-      "zero3 bench engine: {}; micro-batch {}; {} params ({} persistent); world size {}; AdamW, clip {}, fp32, host "
+      "zero3-bench engine: {}; micro-batch {}; {} params ({} persistent); world size {}; AdamW, clip {}, fp32, host "
       "device\n",
       zero3.model().describe(), o.shape.micro_batch, st.total_elems, st.persistent_elems, world.size, kClip);
   if (world.size > 1) fmt::print("note: the plain trainer does not communicate; compare the times at world size 1\n");
@@ -254,24 +254,15 @@ void run_bench(const BenchOptions& o) {
 
 }  // namespace
 
-void add_bench_command(CLI::App& app) {
-  CLI::App* group = app.add_subcommand("bench", "Benchmarks");
-  group->require_subcommand(1);
+void add_bench_engine_command(CLI::App& app) {
   auto opt = std::make_shared<BenchOptions>();
   CLI::App* engine =
-      group->add_subcommand("engine", "Step time of the host GPT under the ZeRO-3 engine vs the same model without it");
+      app.add_subcommand("engine", "Step time of the host GPT under the ZeRO-3 engine vs the same model without it");
   bench::add_json_flag(*engine, opt->json);
   bench::add_repeats_option(*engine, opt->repeats);
   bench::add_steps_option(*engine, opt->steps);
   add_model_shape_options(*engine, opt->shape, true);
   engine->callback([opt] { run_bench(*opt); });
-  add_bench_cpu_optimizer_command(*group);
-  add_bench_offload_command(*group);
-  add_bench_train_command(*group);
-  add_bench_checkpoint_command(*group);
-  add_bench_stop_command(*group);
-  add_bench_grad_check_command(*group);
-  add_bench_desync_command(*group);
 }
 
 }  // namespace zero3::tools

@@ -1,4 +1,4 @@
-// `zero3 bench desync-guard`: the step time of the host GPT (bench_trainer.hpp) under the engine with the
+// `zero3-bench desync-guard`: the step time of the host GPT (bench_trainer.hpp) under the engine with the
 // desync guard (zero3.comm.desync_check: one 16-byte all-reduce before every collective) next to the same
 // engine without it, timed blocks alternating in one run, and the collectives per step that the guard
 // doubles. Meant for `mpirun -np 2`; rank 0 reports. Host device, mpi communicator.
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "bench_commands.hpp"
 #include "bench_common.hpp"
 #include "bench_trainer.hpp"
-#include "commands.hpp"
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/comm/world.hpp"
 
@@ -35,7 +35,7 @@ config::Config bench_config(const DesyncBenchOptions& o, int world_size, bool gu
           "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3, "weight_decay": 0.01}}}},
           "zero_optimization": {{"stage": 3}}, "zero3": {}}})",
       o.shape.micro_batch, z.dump());
-  return bench::parse_builtin_config(text, world_size, "zero3 bench desync-guard");
+  return bench::parse_builtin_config(text, world_size, "zero3-bench desync-guard");
 }
 
 void run(const DesyncBenchOptions& o) {
@@ -86,7 +86,7 @@ void run(const DesyncBenchOptions& o) {
         guarded_loss);
     return;
   }
-  fmt::print("zero3 bench desync-guard: {}; {} units; world size {}; host device, mpi communicator\n",
+  fmt::print("zero3-bench desync-guard: {}; {} units; world size {}; host device, mpi communicator\n",
              plain.model().describe(), units, world.size);
   fmt::print("step time, median (range) of {} x {} steps (blocks alternate):\n", o.repeats, o.steps);
   fmt::print("| {:<28} | {:>28} | {:>10} |\n", "desync guard", "step time", "loss");
@@ -102,10 +102,10 @@ void run(const DesyncBenchOptions& o) {
 
 }  // namespace
 
-void add_bench_desync_command(CLI::App& group) {
+void add_bench_desync_command(CLI::App& app) {
   auto opt = std::make_shared<DesyncBenchOptions>();
-  CLI::App* cmd = group.add_subcommand("desync-guard",
-                                       "Step time of the host GPT with and without the desync guard (mpirun -np 2)");
+  CLI::App* cmd =
+      app.add_subcommand("desync-guard", "Step time of the host GPT with and without the desync guard (mpirun -np 2)");
   bench::add_json_flag(*cmd, opt->json);
   bench::add_repeats_option(*cmd, opt->repeats);
   bench::add_steps_option(*cmd, opt->steps);

@@ -1,4 +1,4 @@
-// What the benchmarks of `zero3 bench` share: their common command-line options (--json, --repeats,
+// What the benchmarks of `zero3-bench` share: their common command-line options (--json, --repeats,
 // --steps and the positive counts), the job's world, their built-in DeepSpeed configs, and the summary of
 // repeated timings (median and range, or the best).
 #pragma once

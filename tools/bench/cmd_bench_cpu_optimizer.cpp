@@ -1,4 +1,4 @@
-// `zero3 bench cpu-optimizer`: zero3's fused CPU optimizer step (zero3/offload/cpu_optimizer.hpp) timed side by
+// `zero3-bench cpu-optimizer`: zero3's fused CPU optimizer step (zero3/offload/cpu_optimizer.hpp) timed side by
 // side with STREAM's triad on the same buffers (the machine's streaming bandwidth), with its memory bound (the
 // step's loads and stores, trivial arithmetic) and with the unfused pass sequence DeepSpeed runs for a 16-bit
 // ZeRO-Offload step (grad norm, unscale + clip, optimizer, cast), all on one thread pool, one tiling and one SIMD
@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "bench_commands.hpp"
 #include "bench_common.hpp"
-#include "commands.hpp"
 #include "cpu_optimizer_bench.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/device/device.hpp"
@@ -124,7 +124,7 @@ class HostArray {
           host_device().allocate(size_bytes / 2, DType::bf16, MemoryKind::pageable_host, MemCategory::optim_state);
     } catch (const OutOfMemory& e) {
       throw OutOfMemory(
-          fmt::format("zero3 bench cpu-optimizer: cannot allocate {} bytes for {}: {}", size_bytes, name, e.what()));
+          fmt::format("zero3-bench cpu-optimizer: cannot allocate {} bytes for {}: {}", size_bytes, name, e.what()));
     }
   }
 
@@ -515,7 +515,7 @@ void print_table(const std::vector<SizeResult>& results, const std::vector<Skipp
   const BytesPerParam ub = unfused_bytes(o);
   const std::string_view name = bench_optimizer_name(o);
   fmt::print(
-      "zero3 bench cpu-optimizer: {}, fp32 grad and master, fp32 states, bf16 param out; {} threads, SIMD {}, "
+      "zero3-bench cpu-optimizer: {}, fp32 grad and master, fp32 states, bf16 param out; {} threads, SIMD {}, "
       "tiles of {} elements; each time is the best of interleaved repeats (counts below)\n",
       name, threads, offload::simd_path_name(path), offload::kCpuStepTileElems);
   fmt::print(
@@ -608,7 +608,7 @@ void run_cpu_optimizer_bench(const CpuBenchOptions& opt) {
         constexpr double kGiB = double(std::uint64_t{1} << 30);
         Skipped s{n, fmt::format("needs {:.1f} GiB of buffers; {:.1f} GiB available, less a {:.1f} GiB margin",
                                  double(need) / kGiB, double(*avail) / kGiB, double(margin) / kGiB)};
-        fmt::print(stderr, "zero3 bench cpu-optimizer: {} params skipped: {}\n", count_label(n), s.reason);
+        fmt::print(stderr, "zero3-bench cpu-optimizer: {} params skipped: {}\n", count_label(n), s.reason);
         skipped.push_back(std::move(s));
         continue;
       }
@@ -632,9 +632,9 @@ void run_cpu_optimizer_bench(const CpuBenchOptions& opt) {
 
 }  // namespace
 
-void add_bench_cpu_optimizer_command(CLI::App& group) {
+void add_bench_cpu_optimizer_command(CLI::App& app) {
   auto opt = std::make_shared<CpuBenchOptions>();
-  CLI::App* cmd = group.add_subcommand(
+  CLI::App* cmd = app.add_subcommand(
       "cpu-optimizer", "zero3's fused CPU optimizer step vs its memory bound and vs DeepSpeed's unfused pass sequence");
   cmd->add_option("--params", opt->params,
                   "Parameter counts, comma-separated (100003, 10M, 1B, 1e9); default 10M,100M,1B, each skipped "
