@@ -122,7 +122,10 @@ install(TARGETS ${zero3_exported} EXPORT zero3Targets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/zero3 DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/zero3 DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  PATTERN "*.in" EXCLUDE)
+# The headers CMake configured from those templates (zero3/core/version.hpp).
+install(DIRECTORY ${PROJECT_BINARY_DIR}/runtime/include/zero3 DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT zero3Targets NAMESPACE zero3:: FILE zero3Targets.cmake DESTINATION ${ZERO3_INSTALL_CMAKEDIR})
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/zero3Config.cmake.in

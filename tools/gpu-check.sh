@@ -63,10 +63,10 @@ run() {
   "$root/build-gpu/bin/zero3" train --config "$root/configs/gpt-tiny-ondevice.json" --device cuda --progress off \
     --metrics "$out/train-cuda.jsonl" 2>&1 | tee "$out/train-cuda.log" | tail -n 4
   local train_rc=${PIPESTATUS[0]}
-  "$root/build-gpu/bin/zero3" bench train --config "$root/configs/gpt-small.json" --device cuda --world-sizes 1 \
+  "$root/build-gpu/bin/zero3-bench" train --config "$root/configs/gpt-small.json" --device cuda --world-sizes 1 \
     --steps 5 2>&1 | tee "$out/bench-train.md" | tail -n 4
   # The CPU optimizer on the GPU machine's host cores (the figure offload depends on there).
-  "$root/build-gpu/bin/zero3" bench cpu-optimizer --params 100M --json 2>&1 | tee "$out/cpu-optimizer.json" | tail -n 3
+  "$root/build-gpu/bin/zero3-bench" cpu-optimizer --params 100M --json 2>&1 | tee "$out/cpu-optimizer.json" | tail -n 3
   set -e
   local done_=$(date +%s)
   {

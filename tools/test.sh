@@ -7,11 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-default}
 tools/install-deps.sh
-# The Python packages tests read zero3's files with: numpy and safetensors (the safetensors export, the Hugging
-# Face Llama test), tensorboard (its event reader). Without them those tests would only report skipped.
-python_test_packages=(numpy safetensors tensorboard)
-if ! python3 -c "import numpy, safetensors, tensorboard" 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${python_test_packages[@]}"
+# The Python packages the tests read zero3's files with (numpy and safetensors: the safetensors export and the
+# Hugging Face Llama test; tensorboard: its event reader) and the scripts under tools/python import, from
+# tools/python/requirements.txt. Without them those tests would only report skipped.
+if ! python3 -c "import numpy, safetensors, tensorboard, tokenizers, hjson" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -r tools/python/requirements.txt
 fi
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset"

@@ -78,7 +78,7 @@ bool bf16_native() {
 }
 
 Backend f32_backend() {
-  // bench_host_gemm on a Zen 5 (AVX-512): oneDNN's fp32 brgemm about 2x OpenBLAS 0.3.21's (Haswell
+  // zero3-bench host-gemm on a Zen 5 (AVX-512): oneDNN's fp32 brgemm about 2x OpenBLAS 0.3.21's (Haswell
   // kernels) at a small GPT's shapes, single-threaded. ZERO3_HOST_GEMM_F32=openblas keeps OpenBLAS.
   static const Backend b = [] {
     const std::optional<std::string> v = env::get(env::kHostGemmF32);

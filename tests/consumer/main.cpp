@@ -16,6 +16,7 @@
 #include "zero3/config/parse.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/error.hpp"
+#include "zero3/core/version.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/engine/engine.hpp"
 #include "zero3/kernels/kernels.hpp"
@@ -192,6 +193,11 @@ int main() {
   }
   expect(zero3::built_with_cuda() == static_cast<bool>(ZERO3_CONSUMER_EXPECT_CUDA),
          "zero3_HAVE_CUDA matches the build");
+  expect(zero3::kVersionString == ZERO3_CONSUMER_PACKAGE_VERSION &&
+             zero3::kVersionString == std::to_string(zero3::kVersionMajor) + "." +
+                                          std::to_string(zero3::kVersionMinor) + "." +
+                                          std::to_string(zero3::kVersionPatch),
+         "zero3/core/version.hpp gives the version find_package found");
   if (g_failures != 0) return 1;
   std::printf("consumer: ok (cuda backend %s)\n", zero3::built_with_cuda() ? "built" : "not built");
   return 0;

@@ -22,9 +22,12 @@ step() { echo "consumer: $*"; }
 
 step "install $build -> $prefix"
 cmake --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log"; exit 1; }
-for f in include/zero3/core/error.hpp include/zero3/device/device.hpp bin/zero3; do
+for f in include/zero3/core/error.hpp include/zero3/core/version.hpp include/zero3/device/device.hpp bin/zero3; do
   [ -e "$prefix/$f" ] || { echo "consumer: $prefix/$f was not installed" >&2; exit 1; }
 done
+[ ! -e "$prefix/include/zero3/core/version.hpp.in" ] || { echo "consumer: a header template was installed" >&2; exit 1; }
+# The benchmarks are a program of the build tree, not of the product.
+[ ! -e "$prefix/bin/zero3-bench" ] || { echo "consumer: zero3-bench was installed" >&2; exit 1; }
 config=$(find "$prefix" -path '*/cmake/zero3/zero3Config.cmake' | head -n 1)
 [ -n "$config" ] || { echo "consumer: zero3Config.cmake was not installed" >&2; exit 1; }
 "$prefix/bin/zero3" --help >/dev/null

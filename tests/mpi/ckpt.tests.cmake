@@ -20,10 +20,10 @@ if(TARGET zero3_checkpointer)
                  LIBS zero3_test_support zero3_test_model zero3_train zero3_checkpointer zero3_engine NP 1 2 3 4)
 endif()
 
-# `zero3 bench checkpoint` at world size 2 runs end to end and reports its figures (not their values).
-if(TARGET zero3)
+# `zero3-bench checkpoint` at world size 2 runs end to end and reports its figures (not their values).
+if(TARGET zero3-bench)
   add_test(NAME mpi.bench_checkpoint.np2
-           COMMAND ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS} -np 2 $<TARGET_FILE:zero3> bench checkpoint --json
+           COMMAND ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS} -np 2 $<TARGET_FILE:zero3-bench> checkpoint --json
                    --repeats 1 --steps 1 --d-model 64 --layers 2)
   set_tests_properties(mpi.bench_checkpoint.np2 PROPERTIES LABELS "mpi" TIMEOUT 120
                        PASS_REGULAR_EXPRESSION

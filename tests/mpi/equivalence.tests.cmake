@@ -5,13 +5,10 @@ if(TARGET zero3_engine)
                  zero3_train zero3_engine NP 1 2 3 4)
 endif()
 
-# `zero3 bench engine` (tools/zero3/bench/cmd_bench.cpp) must run as a plain single process, without mpirun.
-if(TARGET zero3)
-  get_target_property(zero3_tool_sources zero3 SOURCES)
-  if(zero3_tool_sources MATCHES "cmd_bench")
-    add_test(NAME unit.bench_engine
-             COMMAND $<TARGET_FILE:zero3> bench engine --json --repeats 1 --steps 2 --d-model 32 --layers 2)
-    set_tests_properties(unit.bench_engine PROPERTIES LABELS "unit" TIMEOUT 120
-                         PASS_REGULAR_EXPRESSION "\"overhead_ratio\"")
-  endif()
+# `zero3-bench engine` (tools/bench/cmd_bench_engine.cpp) must run as a plain single process, without mpirun.
+if(TARGET zero3-bench)
+  add_test(NAME unit.bench_engine
+           COMMAND $<TARGET_FILE:zero3-bench> engine --json --repeats 1 --steps 2 --d-model 32 --layers 2)
+  set_tests_properties(unit.bench_engine PROPERTIES LABELS "unit" TIMEOUT 120
+                       PASS_REGULAR_EXPRESSION "\"overhead_ratio\"")
 endif()

@@ -16,10 +16,10 @@ if(TARGET zero3_engine AND ZERO3_SETPRIV)
   set_tests_properties(mpi.offload_budget_memlock PROPERTIES LABELS "mpi" TIMEOUT 120)
 endif()
 
-# `zero3 bench offload` at world size 2 runs end to end and reports its figures (not their values).
-if(TARGET zero3)
+# `zero3-bench offload` at world size 2 runs end to end and reports its figures (not their values).
+if(TARGET zero3-bench)
   add_test(NAME mpi.bench_offload.np2
-           COMMAND ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS} -np 2 $<TARGET_FILE:zero3> bench offload --json
+           COMMAND ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS} -np 2 $<TARGET_FILE:zero3-bench> offload --json
                    --offload-param --repeats 1 --steps 2 --d-model 32 --layers 2)
   set_tests_properties(mpi.bench_offload.np2 PROPERTIES LABELS "mpi" TIMEOUT 120
                        PASS_REGULAR_EXPRESSION "\"offload_over_on_device\": [0-9.]+.*\"copies_hidden_share\": [0-9.]+")

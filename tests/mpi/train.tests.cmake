@@ -1,9 +1,9 @@
 # `zero3 train` end to end (tests/mpi/train_cli_test.sh): the tiny GPT job reaches the entropy floor at
 # world size 2 with CPU offload, curves are reproducible and world-size independent, bad input fails
-# clearly. Not under sanitizers: it trains for a minute at full speed.
-if(TARGET zero3 AND NOT ZERO3_SANITIZE)
+# clearly, `zero3-bench train` runs its matrix. Not under sanitizers: it trains for a minute at full speed.
+if(TARGET zero3 AND TARGET zero3-bench AND NOT ZERO3_SANITIZE)
   add_test(NAME mpi.train_cli
-           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_cli_test.sh $<TARGET_FILE:zero3>
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_cli_test.sh $<TARGET_FILE:zero3> $<TARGET_FILE:zero3-bench>
                    ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
   set_tests_properties(mpi.train_cli PROPERTIES LABELS "mpi" TIMEOUT 600)
 endif()
@@ -19,10 +19,10 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
   set_tests_properties(mpi.train_preempt PROPERTIES LABELS "mpi" TIMEOUT 600)
 endif()
 
-# `zero3 bench stop-agreement` at world size 2 runs end to end and reports its figures (not their values).
-if(TARGET zero3)
+# `zero3-bench stop-agreement` at world size 2 runs end to end and reports its figures (not their values).
+if(TARGET zero3-bench)
   add_test(NAME mpi.bench_stop_agreement.np2
-           COMMAND ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS} -np 2 $<TARGET_FILE:zero3> bench stop-agreement --json
+           COMMAND ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS} -np 2 $<TARGET_FILE:zero3-bench> stop-agreement --json
                    --steps 100 --repeats 2)
   set_tests_properties(mpi.bench_stop_agreement.np2 PROPERTIES LABELS "mpi" TIMEOUT 120
                        PASS_REGULAR_EXPRESSION "\"agree_us\": [0-9.]+.*\"barrier_us\": [0-9.]+")

@@ -4,14 +4,15 @@
 # the same curve bit for bit; world sizes 1 and 2 give the same curve within fp32 tolerance; bad input
 # (missing token file, token id >= vocab, unknown model field, context longer than the data) is a clear
 # error and a non-zero exit; the MLP quick job reaches the floor; wall_clock_breakdown's step split adds up
-# and leaves the numbers alone; `zero3 bench train` runs; stage3_gather_16bit_weights_on_model_save writes
+# and leaves the numbers alone; `zero3-bench train` runs; stage3_gather_16bit_weights_on_model_save writes
 # model.safetensors into each checkpoint.
-# Usage: train_cli_test.sh ZERO3_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
+# Usage: train_cli_test.sh ZERO3_BINARY ZERO3_BENCH_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -u
 zero3="$1"
-configs="$2"
-mpiexec="$3"
-shift 3
+zero3_bench="$2"
+configs="$3"
+mpiexec="$4"
+shift 4
 mpi_flags=("$@")
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -162,8 +163,9 @@ for r in on:
 print("step split:", on[-1]["time_ms"])
 PY
 
-# 7. zero3 bench train runs its matrix (world sizes 1 and 2, with and without offload) on the tiny job.
-"$zero3" bench train --config "$configs/gpt-tiny-offload.json" --world-sizes 1,2 --steps 2 --json \
+# 7. zero3-bench train runs its matrix (world sizes 1 and 2, with and without offload) on the tiny job,
+# through the zero3 program beside it (both are built into bin/).
+"$zero3_bench" train --config "$configs/gpt-tiny-offload.json" --world-sizes 1,2 --steps 2 --json \
   --mpirun "$mpiexec" >"$tmp/bench.json" 2>"$tmp/bench.err" || fail "bench train failed: $(tail -n 8 "$tmp/bench.err")"
 python3 - "$tmp/bench.json" <<'PY' || fail "bench train JSON"
 import json, sys

@@ -1,6 +1,6 @@
-# `zero3 bench cpu-optimizer`: the shape of its --json output for each optimizer at a size that is no
+# `zero3-bench cpu-optimizer`: the shape of its --json output for each optimizer at a size that is no
 # multiple of a tile or a vector (timings are not checked), and a clear failure for an unknown optimizer.
-if(TARGET zero3)
+if(TARGET zero3-bench)
   set(zero3_bench_cpu_optimizer_check [=[
 import json, sys
 doc = json.loads(sys.stdin.read())
@@ -22,15 +22,15 @@ assert r["optimizer"] == sys.argv[1], r
 set -e
 for opt in adamw adam lion adagrad
 do
-  out="$("$1" bench cpu-optimizer --params 100003 --repeats 1 --json --optimizer "$opt")"
+  out="$("$1" cpu-optimizer --params 100003 --repeats 1 --json --optimizer "$opt")"
   printf '%s' "$out" | python3 -c "$2" "$opt"
 done
-]=] bench_cpu_optimizer $<TARGET_FILE:zero3> "${zero3_bench_cpu_optimizer_check}")
+]=] bench_cpu_optimizer $<TARGET_FILE:zero3-bench> "${zero3_bench_cpu_optimizer_check}")
   set_tests_properties(unit.bench_cpu_optimizer_json PROPERTIES LABELS "unit" TIMEOUT 120)
 
   add_test(NAME unit.bench_cpu_optimizer_bad_optimizer
            COMMAND bash -c [=[
-if err="$("$1" bench cpu-optimizer --params 1000 --optimizer sgd 2>&1 >/dev/null)"
+if err="$("$1" cpu-optimizer --params 1000 --optimizer sgd 2>&1 >/dev/null)"
 then
   echo "exit status 0 for --optimizer sgd"
   exit 1
@@ -40,6 +40,6 @@ then
   echo "unexpected message: $err"
   exit 1
 fi
-]=] bench_cpu_optimizer $<TARGET_FILE:zero3>)
+]=] bench_cpu_optimizer $<TARGET_FILE:zero3-bench>)
   set_tests_properties(unit.bench_cpu_optimizer_bad_optimizer PROPERTIES LABELS "unit" TIMEOUT 60)
 endif()

@@ -1,6 +1,6 @@
 # The checkpoint format (zero3_ckpt): rank files, manifest, commit protocol, verified and resharded reads,
-# corruption and write failures, safetensors export; and `zero3 ckpt info/export` end to end, the export
-# read back by Python's safetensors (skipped, exit 77, where safetensors or numpy is missing).
+# corruption and write failures, safetensors and Hugging Face export; and `zero3 ckpt info/export` end to
+# end, the export read back by Python's safetensors (skipped, exit 77, where safetensors or numpy is missing).
 zero3_unit_test(ckpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ckpt.cpp LIBS zero3_ckpt)
 
 add_executable(make_test_checkpoint ${CMAKE_CURRENT_LIST_DIR}/make_test_checkpoint.cpp)

@@ -4,7 +4,8 @@
 // error's exact text; the commit protocol (replacing a tag, refusing to replace what latest names, a
 // crashed save); corruption (truncation, every bit flip caught, a missing file) and writer failures
 // (EFBIG via RLIMIT_FSIZE, ENOSPC on a small tmpfs when mount works), each naming the file and leaving
-// the previous checkpoint intact; and the safetensors export parsed back byte for byte.
+// the previous checkpoint intact; the safetensors export parsed back byte for byte, and the Hugging Face
+// export's config.json.
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -24,6 +25,7 @@
 
 #include "scratch_dir.hpp"
 #include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/ckpt/hf_export.hpp"
 #include "zero3/core/dtype.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/rng.hpp"
@@ -769,4 +771,57 @@ TEST_CASE("ckpt: export_safetensors writes a file safetensors readers accept, fp
     }
     REQUIRE(offset == st.data.size());
   }
+}
+
+TEST_CASE("ckpt: export_hf writes the weights and transformers' config.json; refuses a model it cannot describe",
+          "[ckpt]") {
+  ScratchDir dir;
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  const auto model = make_model(seed);
+  const nlohmann::json llama = {{"type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32}, {"intermediate_size", 88},
+                                {"layers", 2},     {"heads", 4},       {"kv_heads", 2},     {"seq_len", 16}};
+  ckpt::Manifest m = save(dir.path(), "global_step7", 7, model, 2, false);
+  m.config["zero3"]["model"] = llama;
+  ckpt::commit(dir.path(), m);
+
+  const fs::path out = dir / "hf";
+  const auto files = ckpt::export_hf(ckpt::CheckpointReader(dir.path()), out, DType::bf16, 5'000'000'000);
+  REQUIRE(files == std::vector<fs::path>{out / "model.safetensors", out / "config.json"});
+  const Safetensors st = parse_safetensors(files[0]);
+  REQUIRE(st.header.size() == model.size() + 1);
+  for (const auto& p : model) REQUIRE(st.header.at(p.name)["dtype"] == "BF16");
+  std::ifstream in(files[1]);
+  const nlohmann::json c = nlohmann::json::parse(in);
+  CHECK(c["architectures"] == nlohmann::json::array({"LlamaForCausalLM"}));
+  CHECK(c["model_type"] == "llama");
+  CHECK(c["num_hidden_layers"] == 2);
+  CHECK(c["num_key_value_heads"] == 2);
+  CHECK(c["head_dim"] == 8);  // hidden_size / heads when the block names none
+  CHECK(c["max_position_embeddings"] == 16);
+  CHECK(c["attention_bias"] == false);
+  CHECK(c["tie_word_embeddings"] == false);
+  CHECK(c["torch_dtype"] == "bfloat16");
+
+  // q/k/v biases without an o_proj bias: Qwen2; an o_proj bias alone: neither.
+  nlohmann::json qwen2 = m.config;
+  qwen2["zero3"]["model"]["qkv_bias"] = true;
+  const nlohmann::ordered_json q = ckpt::hf_config_json(qwen2, DType::f32);
+  CHECK(q["architectures"] == nlohmann::json::array({"Qwen2ForCausalLM"}));
+  CHECK(q["model_type"] == "qwen2");
+  CHECK_FALSE(q.contains("attention_bias"));
+  CHECK(q["torch_dtype"] == "float32");
+  nlohmann::json o_only = m.config;
+  o_only["zero3"]["model"]["o_bias"] = true;
+  REQUIRE_THROWS_AS(ckpt::hf_config_json(o_only, DType::f32), zero3::ConfigError);
+  REQUIRE_THROWS_WITH(ckpt::hf_config_json(o_only, DType::f32), Contains("neither a Llama nor a Qwen2"));
+
+  // Another model type: a ConfigError naming it, before anything is written.
+  ckpt::Manifest gpt = save(dir.path(), "global_step8", 8, model, 1, false);
+  gpt.config["zero3"]["model"] = {{"type", "gpt"}};
+  ckpt::commit(dir.path(), gpt);
+  const ckpt::CheckpointReader gpt_reader(dir.path(), "global_step8");
+  REQUIRE_THROWS_AS(ckpt::export_hf(gpt_reader, dir / "gpt_hf", DType::f32, 1 << 20), zero3::ConfigError);
+  REQUIRE_THROWS_WITH(ckpt::export_hf(gpt_reader, dir / "gpt_hf", DType::f32, 1 << 20), Contains("model is \"gpt\""));
+  REQUIRE_FALSE(fs::exists(dir / "gpt_hf"));
 }

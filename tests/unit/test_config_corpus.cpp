@@ -1,6 +1,6 @@
 // The real-world config corpus (tests/data/configs/corpus/): each file reproduces a shape found in public
 // projects, and manifest.json records DeepSpeed 0.19.8's verdict on it per world size (derived by
-// tools/ds-compat/ds_verdict.py) and the exit and findings zero3 must give, normally and under strict.
+// tools/python/ds_compat/ds_verdict.py) and the exit and findings zero3 must give, normally and under strict.
 // The manifest is checked here against the parser and against itself: zero3 rejects what DeepSpeed
 // rejects and accepts what it accepts, except where an entry states a deliberate difference.
 #include <catch2/catch.hpp>

@@ -1,7 +1,7 @@
 // Config file syntax: zero3 reads what DeepSpeed's hjson reader (hjson 3.1.0, hjson.load with a duplicate-key
 // hook) reads, to the same values, and names each relaxation of JSON in a warning with its line and column;
 // in strict mode each is an error. Every expected value below is hjson-py's reading of the input, written as
-// JSON (tools/ds-compat/hjson_diff.py checks these against hjson-py); "jsonrule" marks valid JSON on which
+// JSON (tools/python/ds_compat/hjson_diff.py checks these against hjson-py); "jsonrule" marks valid JSON on which
 // hjson's value differs from JSON's (hjson turns 1.0 into 1), where zero3 follows JSON.
 #include <catch2/catch.hpp>
 #include <string>

@@ -1,21 +1,25 @@
 // `zero3 ckpt info DIR [--tag T] [--json]`: what a checkpoint holds (tag, step, world size, params and
 // elements, bytes per tensor kind, files), after verifying every file and chunk checksum.
 // `zero3 ckpt export DIR --out FILE [--dtype fp32|bf16] [--tag T]`: the model's weights as safetensors;
-// with `--format hf`, OUT is a Hugging Face model directory (hf_export.hpp).
+// with `--format hf`, OUT is a Hugging Face model directory (zero3/ckpt/hf_export.hpp).
 // DIR is a checkpoint directory or a root (then --tag, else ROOT/latest). Exit 0: done; 2: not a checkpoint,
 // or a file missing, truncated or corrupt ("error: <file>: <what>" on stderr).
 #include <fmt/format.h>
 
+#include <cctype>
+#include <cstdint>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "commands.hpp"
-#include "hf_export.hpp"
 #include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/ckpt/hf_export.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::tools {
@@ -95,6 +99,30 @@ void print_info(const ckpt::CheckpointReader& reader, bool as_json) {
   std::cout << out;
 }
 
+// --max-shard-size: "5GB", "500MB", "2GiB", "1000000" -> bytes (decimal units as transformers' max_shard_size,
+// binary with "i"). ConfigError naming the text when it is not a size.
+std::uint64_t parse_size(const std::string& text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) != 0 || text[digits] == '.')) {
+    ++digits;
+  }
+  double value = 0;
+  try {
+    value = std::stod(text.substr(0, digits));
+  } catch (const std::exception&) {
+    throw ConfigError(fmt::format("--max-shard-size \"{}\": not a size (e.g. 5GB, 500MB, 2GiB)", text));
+  }
+  std::string unit = text.substr(digits);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const std::pair<const char*, double> units[] = {
+      {"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
+      {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+  for (const auto& [name, factor] : units) {
+    if (unit == name && value * factor >= 1) return static_cast<std::uint64_t>(value * factor);
+  }
+  throw ConfigError(fmt::format("--max-shard-size \"{}\": not a size (e.g. 5GB, 500MB, 2GiB)", text));
+}
+
 // Runs `body`; a CheckpointError becomes "error: ..." on stderr and exit status 2.
 template <typename F>
 void reporting_checkpoint_errors(F&& body) {
@@ -119,14 +147,24 @@ void run_export(const ExportArgs& args) {
   reporting_checkpoint_errors([&] {
     const ckpt::CheckpointReader reader(args.dir, args.tag);
     if (args.format == "hf") {
-      try {
-        const auto files = export_hf(reader, args.out, dtype, parse_size(args.max_shard_size));
-        std::cout << fmt::format("{}: wrote {} ({} tensors in {} file(s), config.json, {})\n", reader.dir().string(),
-                                 args.out, reader.manifest().params.size(), files.size() - 1, dtype_name(dtype));
-      } catch (const ConfigError& e) {
-        std::cerr << "error: " << e.what() << '\n';
+      const auto refuse = [](const std::string& what) {
+        std::cerr << "error: " << what << '\n';
         throw CLI::RuntimeError(kExitBadCheckpoint);
+      };
+      std::uint64_t max_shard_bytes = 0;
+      try {
+        max_shard_bytes = parse_size(args.max_shard_size);
+      } catch (const ConfigError& e) {
+        refuse(e.what());
       }
+      std::vector<std::filesystem::path> files;
+      try {
+        files = ckpt::export_hf(reader, args.out, dtype, max_shard_bytes);
+      } catch (const ConfigError& e) {
+        refuse(fmt::format("--format hf: {} (--format safetensors writes the weights alone)", e.what()));
+      }
+      std::cout << fmt::format("{}: wrote {} ({} tensors in {} file(s), config.json, {})\n", reader.dir().string(),
+                               args.out, reader.manifest().params.size(), files.size() - 1, dtype_name(dtype));
       return;
     }
     ckpt::export_safetensors(reader, args.out, dtype);

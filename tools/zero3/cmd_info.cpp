@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "zero3/comm/communicator.hpp"
+#include "zero3/core/version.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/offload/numa.hpp"
 
@@ -23,7 +24,7 @@ std::string topology_summary() {
 }
 
 void run_info() {
-  fmt::print("zero3 0.1.0\n");
+  fmt::print("zero3 {}\n", kVersionString);
   fmt::print("backends: device host{}, comm mpi{}\n", built_with_cuda() ? " cuda" : "",
              comm::built_with_nccl() ? " nccl" : "");
   fmt::print("cuda devices: {}\n", cuda_device_count());

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The two programs' command sets and versions: `zero3` has no benchmarks (`zero3 bench` is an unknown
+# command), `zero3-bench` offers every benchmark; both print the project's version (--version, and `zero3
+# info` first); `zero3-bench train` names a zero3 program it cannot run instead of starting anything.
+# Usage: programs_test.sh ZERO3_BINARY ZERO3_BENCH_BINARY PROJECT_VERSION
+set -u
+zero3="$1"
+bench="$2"
+version="$3"
+failures=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+out="$("$zero3" --version 2>&1)"
+[ "$out" = "zero3 $version" ] || fail "zero3 --version printed '$out', expected 'zero3 $version'"
+out="$("$bench" --version 2>&1)"
+[ "$out" = "zero3-bench $version" ] || fail "zero3-bench --version printed '$out', expected 'zero3-bench $version'"
+out="$("$zero3" info 2>&1 | head -n 1)"
+[ "$out" = "zero3 $version" ] || fail "zero3 info begins '$out', expected 'zero3 $version'"
+
+if out="$("$zero3" bench engine --json 2>&1)"; then
+  fail "zero3 bench engine ran (exit 0): the benchmarks belong to zero3-bench"
+fi
+for cmd in train engine offload cpu-optimizer checkpoint stop-agreement grad-check desync-guard host-gemm; do
+  "$bench" "$cmd" --help >/dev/null 2>&1 || fail "zero3-bench $cmd --help failed: no such benchmark"
+done
+if out="$("$bench" nonsense 2>&1)"; then fail "zero3-bench nonsense exited 0"; fi
+
+missing="$(mktemp -d)/zero3"
+if out="$("$bench" train --zero3 "$missing" --world-sizes 1 --steps 1 2>&1)"; then
+  fail "zero3-bench train --zero3 $missing exited 0"
+elif ! grep -qF "$missing is not an executable zero3 program" <<<"$out"; then
+  fail "zero3-bench train --zero3 $missing: unexpected message: $out"
+fi
+rmdir "$(dirname "$missing")"
+
+[ "$failures" -eq 0 ] && echo "programs: ok (zero3 $version)"
+exit $((failures != 0))
