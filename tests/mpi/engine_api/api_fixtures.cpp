@@ -47,7 +47,7 @@ std::uint64_t session_seed() {
   return seed;
 }
 
-// The config of `text` with this session's seed.
+// The config of `text` with this run's seed.
 config::Config session_config(ConfigText text) {
   text.seed = session_seed();
   return text.parse();

@@ -35,7 +35,7 @@ std::uint64_t session_seed();
 // of gathers, prefetch and communication volume ask for the sharded path, which larger worlds take anyway.
 constexpr const char* kShardedPath = R"("single_rank_in_place": false)";
 
-// The config of `text` with this session's seed.
+// The config of `text` with this run's seed.
 config::Config session_config(ConfigText text);
 // An unfinalized engine for `text` on a device the test makes and hands over, as an embedder may.
 std::unique_ptr<Engine> make_engine(const ConfigText& text);
