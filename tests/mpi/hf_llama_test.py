@@ -343,23 +343,27 @@ def check_bad_checkpoints(tmp, model_dir, tokens):
             fail(f"bad checkpoint '{name}': exit {r.returncode}, expected an error with {expected!r}: {r.stdout[-600:]}")
 
 
-# Runs one rank and prints its peak resident set (Python's getrusage over the child), so that every rank's
-# peak is known without a `time` program.
-RSS_WRAPPER = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-               "print('maxrss_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True); sys.exit(code)")
+# Runs one rank and writes its peak resident set (Python's getrusage over the child) to a file of its own,
+# argv[1] + the rank, so that every rank's peak is known without a `time` program. A file and not stdout:
+# mpirun interleaves the ranks' output ("maxrss_kbmaxrss_kb 697540" was seen under load).
+RSS_WRAPPER = ("import os, resource, subprocess, sys; code = subprocess.run(sys.argv[2:]).returncode; "
+               "open(sys.argv[1] + os.environ.get('OMPI_COMM_WORLD_RANK', '0'), 'w').write("
+               "str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); sys.exit(code)")
 
 
 def peak_rss_kb(tmp, name, config):
     job = os.path.join(tmp, name + ".json")
     json.dump(config, open(job, "w"))
-    cmd = MPIEXEC + ["-np", "2", sys.executable, "-c", RSS_WRAPPER, ZERO3, "train", "--config", job, "--steps", "1",
-                     "--heldout-samples", "1", "--progress", "off", "--run-dir", os.path.join(tmp, name + "_run")]
+    rss_prefix = os.path.join(tmp, name + ".maxrss_kb.rank")
+    cmd = MPIEXEC + ["-np", "2", sys.executable, "-c", RSS_WRAPPER, rss_prefix, ZERO3, "train", "--config", job,
+                     "--steps", "1", "--heldout-samples", "1", "--progress", "off", "--run-dir",
+                     os.path.join(tmp, name + "_run")]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peaks = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("maxrss_kb")]
-    if r.returncode != 0 or len(peaks) != 2:
+    files = [rss_prefix + str(rank) for rank in range(2)]
+    if r.returncode != 0 or not all(os.path.exists(f) for f in files):
         fail(f"memory run {name} exited {r.returncode}: {r.stdout[-1500:]}")
         return None
-    return max(peaks)
+    return max(int(open(f).read()) for f in files)
 
 
 def check_ranged_loading(tmp):
