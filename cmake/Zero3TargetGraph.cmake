@@ -15,15 +15,19 @@ function(zero3_graph_targets out dir)
   set(${out} ${here} PARENT_SCOPE)
 endfunction()
 
-# zero3_graph_links(out target property): the zero3 targets named by a link property, generator expressions
-# ($<LINK_ONLY:...>, $<BUILD_INTERFACE:...>) unwrapped, aliases resolved, imported targets left out.
+# zero3_graph_links(out target property): the zero3 targets named by a link property, $<BUILD_INTERFACE:...>
+# unwrapped, aliases resolved, imported targets left out. $<LINK_ONLY:...> entries are skipped: they are a static
+# library's private links, which LINK_LIBRARIES names as such.
 function(zero3_graph_links out target property)
   get_target_property(links ${target} ${property})
   set(found "")
   if(links)
     foreach(l ${links})
-      if(l MATCHES [[^\$<(LINK_ONLY|BUILD_INTERFACE):([^$<>]+)>$]])
-        set(l ${CMAKE_MATCH_2})
+      if(l MATCHES [[^\$<LINK_ONLY:]])
+        continue()
+      endif()
+      if(l MATCHES [[^\$<BUILD_INTERFACE:([^$<>]+)>$]])
+        set(l ${CMAKE_MATCH_1})
       endif()
       if(NOT TARGET ${l})
         continue()
@@ -56,14 +60,6 @@ foreach(dir runtime kernels offload tools)
       zero3_graph_links(direct ${t} LINK_LIBRARIES)
       foreach(l ${direct})
         if(NOT l IN_LIST public)
-          list(APPEND private ${l})
-        endif()
-      endforeach()
-      # A static library's private links reach INTERFACE_LINK_LIBRARIES as $<LINK_ONLY:...>: not public.
-      get_target_property(iface ${t} INTERFACE_LINK_LIBRARIES)
-      foreach(l ${public})
-        if(iface AND "$<LINK_ONLY:${l}>" IN_LIST iface AND NOT l IN_LIST iface)
-          list(REMOVE_ITEM public ${l})
           list(APPEND private ${l})
         endif()
       endforeach()
