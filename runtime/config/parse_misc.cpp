@@ -120,7 +120,7 @@ void parse_checkpoint(ObjectReader& top, Context& cx) {
   if (j == nullptr) return;
   ObjectReader r(*j, "checkpoint", "checkpoint", cx.sink);
   CheckpointConfig& c = cx.config.checkpoint;
-  std::string mode = "Warn";
+  std::string mode;
   r.get_choice("tag_validation", mode, {"Ignore", "Warn", "Fail"}, /*ignore_case=*/true);
   c.tag_validation = mode == "Ignore" ? TagValidation::ignore
                      : mode == "Fail" ? TagValidation::fail
@@ -128,7 +128,7 @@ void parse_checkpoint(ObjectReader& top, Context& cx) {
   c.load_universal = r.not_implemented_if_true("load_universal", "loading Universal Checkpoints is not implemented");
   c.use_node_local_storage =
       r.not_implemented_if_true("use_node_local_storage", "node-local checkpoint storage is not implemented");
-  bool serialization = true;
+  bool serialization{};
   r.get_bool("checkpoint_serialization", serialization);
   if (const Json* pw = r.get_object("parallel_write")) {
     ObjectReader pr(*pw, r.path_of("parallel_write"), "checkpoint.parallel_write", cx.sink);
@@ -238,7 +238,7 @@ void parse_top_scalars(ObjectReader& top, Context& cx) {
   top.get_bool("memory_breakdown", c.memory_breakdown);
   top.get_bool("prescale_gradients", c.prescale_gradients);
   top.get_number("gradient_predivide_factor", c.gradient_predivide_factor);
-  std::string op = "mean";
+  std::string op;
   top.get_choice("gradient_allreduce_op", op, {"mean", "sum"}, /*ignore_case=*/true);
   const bool stage3 = c.zero.stage == 3;
   if (stage3 && c.zero.reduce_scatter) {
@@ -277,7 +277,7 @@ void parse_top_scalars(ObjectReader& top, Context& cx) {
   }
   top.get_bool("zero_allow_untested_optimizer", c.zero_allow_untested_optimizer);
   top.get_bool("disable_python_gc", flag);
-  bool managed = true;
+  bool managed{};
   if (top.get_bool("managed_gradient_accumulation", managed) == Got::value && !managed) {
     top.not_implemented("managed_gradient_accumulation", "client-managed accumulation boundaries are not implemented");
   }

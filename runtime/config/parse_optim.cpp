@@ -90,7 +90,7 @@ void parse_adam(ObjectReader& r, OptimizerConfig& o) {
   auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay), o.weight_decay, kHfWeightDecay,
              "weight_decay");
   r.get_bool("bias_correction", o.bias_correction);
-  bool adam_w_mode = true;  // DeepSpeed's default
+  bool adam_w_mode{};
   const Got mode = r.get_bool("adam_w_mode", adam_w_mode);
   if (o.type == OptimizerType::adamw && mode == Got::value && !adam_w_mode) {
     r.warning("adam_w_mode",

@@ -105,7 +105,7 @@ void parse_tensor_parallel(ObjectReader& top, Context& cx) {
   // Both spellings: DeepSpeed names the field (the second) as the extra input, so pick reports it there.
   r.get_bool(r.pick("kernel_inject", "replace_with_kernel_inject"), flag);
   expect_null_or(r, "vocab_parallel_lm_head", &Json::is_boolean, "true, false");
-  std::string backend = "torch";
+  std::string backend;
   r.get_choice("vocab_parallel_ce_backend", backend, {"torch", "liger"});
   expect_null_or(r, "injection_policy_tuple", &Json::is_array, "an array");
   expect_null_or(r, "partition_config", &Json::is_object, "an object");
@@ -132,12 +132,12 @@ void parse_weight_quantization(ObjectReader& top, Context& cx) {
   const Json* j = top.get_object("weight_quantization");
   if (j == nullptr) return;
   ObjectReader r(*j, "weight_quantization", "weight_quantization", cx.sink);
-  bool enabled = true;
+  bool enabled{};
   const Got got = r.get_bool("enabled", enabled);
   std::int64_t n = 0;
   r.get_int("num_bits", n);
   r.get_int("q_groups", n);
-  std::string q_type = "symmetric";
+  std::string q_type;
   r.get_choice("q_type", q_type, {"symmetric", "asymmetric"});
   r.get_object("quantized_initialization");
   r.get_object("post_init_quant");

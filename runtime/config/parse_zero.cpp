@@ -18,7 +18,7 @@ void parse_offload(ObjectReader& zr, Context& cx, std::string_view key, OffloadC
   if (j == nullptr) return;
   ObjectReader r(*j, zr.path_of(key),
                  optimizer ? "zero_optimization.offload_optimizer" : "zero_optimization.offload_param", cx.sink);
-  std::string device = "none";
+  std::string device;
   r.get_choice("device", device, {"none", "cpu", "nvme"});
   o.device = device == "cpu" ? OffloadDevice::cpu : device == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
   r.get_optional_string("nvme_path", o.nvme_path);
@@ -151,7 +151,7 @@ void parse_zero_variants(ObjectReader& r, Context& cx, ZeroConfig& z) {
         "save_muon_momentum_buffer_in_memory", "parameter_alignment"}) {
     r.get_bool(k, ignored);
   }
-  bool grad_norm = true;
+  bool grad_norm{};
   if (r.get_bool("compute_grad_norm", grad_norm) == Got::value && !grad_norm && z.stage != 1 && z.stage != 2) {
     r.error("compute_grad_norm", "false is supported only with ZeRO stage 1 or 2 (DeepSpeed's validator rejects it)");
   }

@@ -58,7 +58,8 @@ void parse_llama_keys(ObjectReader& r, ModelSettings& m, const HfShape& from_hf)
   }
   // true ties the output layer to the embedding (one param, read by two units); false over a tied
   // hf_config unties them: lm_head gets its own param (init_from copies it).
-  r.get_bool("tie_word_embeddings", m.tie_word_embeddings);
+  bool tied = false;
+  if (r.get_bool("tie_word_embeddings", tied) == Got::value) m.tie_word_embeddings = tied;
   if (m.intermediate_size == 0) r.error("intermediate_size", "required key is missing (a llama model needs it)");
   // Resolved, so that the written-back config names them (and reads back the same).
   if (m.kv_heads == 0) m.kv_heads = m.heads;
@@ -172,7 +173,7 @@ void parse_comm(ObjectReader& z, Context& cx) {
   if (r.get_number("first_step_timeout_s", first) == Got::value) c.first_step_timeout_s = first;
   r.get_int("flight_records", c.flight_records);
   r.get_bool("desync_check", c.desync_check);
-  std::string backend = "auto";
+  std::string backend;
   r.get_choice("backend", backend, {"auto", "mpi", "nccl"});
   c.backend = backend == "mpi" ? CommBackend::mpi : backend == "nccl" ? CommBackend::nccl : CommBackend::automatic;
   r.finish();
@@ -184,7 +185,7 @@ void parse_alerts(ObjectReader& z, Context& cx) {
   ObjectReader r(*j, z.path_of("alerts"), "zero3.alerts", cx.sink);
   AlertSettings& a = cx.config.zero3.alerts;
   r.get_string("command", a.command);
-  std::string level = "warning";
+  std::string level;
   r.get_choice("level", level, {"warning", "error"});
   a.errors_only = level == "error";
   r.finish();
@@ -195,7 +196,7 @@ void parse_nonfinite(ObjectReader& z, Context& cx) {
   if (j == nullptr) return;
   ObjectReader r(*j, z.path_of("nonfinite"), "zero3.nonfinite", cx.sink);
   NonfiniteSettings& n = cx.config.zero3.nonfinite;
-  std::string policy = "skip";
+  std::string policy;
   r.get_choice("policy", policy, {"skip", "abort"});
   n.policy = policy == "abort" ? NonfinitePolicy::abort : NonfinitePolicy::skip;
   r.get_int("max_consecutive", n.max_consecutive);
@@ -208,7 +209,7 @@ void parse_spike(ObjectReader& z, Context& cx) {
   ObjectReader r(*j, z.path_of("spike"), "zero3.spike", cx.sink);
   SpikeSettings& s = cx.config.zero3.spike;
   r.get_bool("enabled", s.enabled);
-  std::string detector = "zscore";
+  std::string detector;
   r.get_choice("detector", detector, {"ratio", "zscore"});
   s.detector = detector == "ratio" ? SpikeDetector::ratio : SpikeDetector::zscore;
   // A ratio compares the loss with the mean (so it must exceed 1); a z-score counts standard deviations.
@@ -216,7 +217,7 @@ void parse_spike(ObjectReader& z, Context& cx) {
   r.get_number_in("threshold", s.threshold, s.detector == SpikeDetector::ratio ? num_above(1) : num_above(0));
   r.get_int("window", s.window);
   r.get_int("warmup_steps", s.warmup_steps);
-  std::string action = "skip";
+  std::string action;
   r.get_choice("action", action, {"skip", "reset_moments", "rollback"});
   s.action = action == "rollback"        ? SpikeAction::rollback
              : action == "reset_moments" ? SpikeAction::reset_moments
@@ -253,7 +254,7 @@ void parse_zero3_block(ObjectReader& top, Context& cx) {
   parse_alerts(r, cx);
   parse_nonfinite(r, cx);
   parse_spike(r, cx);
-  std::string device = "auto";
+  std::string device;
   r.get_choice("device", device, {"auto", "host", "cuda"});
   s.device = device == "host" ? DeviceChoice::host : device == "cuda" ? DeviceChoice::cuda : DeviceChoice::automatic;
   r.finish();

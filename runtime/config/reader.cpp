@@ -194,6 +194,49 @@ const KeySpec& ObjectReader::spec(std::string_view key) const {
   return *s;
 }
 
+namespace {
+
+// A row's default as JSON; discarded where the row states it in words ("inferred", "heads", "-").
+Json row_default(const KeySpec& k) {
+  return Json::parse(k.default_value, nullptr, /*allow_exceptions=*/false);
+}
+
+std::optional<std::int64_t> integral(const Json& j) {
+  if (j.is_number_integer()) return j.get<std::int64_t>();
+  if (!j.is_number_float()) return std::nullopt;
+  const double v = j.get<double>();
+  if (v != std::trunc(v) || std::abs(v) > 9.2e18) return std::nullopt;
+  return static_cast<std::int64_t>(v);
+}
+
+}  // namespace
+
+void ObjectReader::take_default(std::string_view key, bool& out) const {
+  const Json d = row_default(spec(key));
+  if (d.is_boolean()) out = d.get<bool>();
+}
+void ObjectReader::take_default(std::string_view key, std::int64_t& out) const {
+  if (const auto v = integral(row_default(spec(key)))) out = *v;
+}
+void ObjectReader::take_default(std::string_view key, double& out) const {
+  const Json d = row_default(spec(key));
+  if (d.is_number()) out = d.get<double>();
+}
+void ObjectReader::take_default(std::string_view key, std::string& out) const {
+  const Json d = row_default(spec(key));
+  if (d.is_string()) out = d.get<std::string>();
+}
+void ObjectReader::take_default(std::string_view key, std::optional<std::int64_t>& out) const {
+  const Json d = row_default(spec(key));
+  if (d.is_null()) out.reset();
+  if (const auto v = integral(d)) out = *v;
+}
+void ObjectReader::take_default(std::string_view key, std::optional<std::string>& out) const {
+  const Json d = row_default(spec(key));
+  if (d.is_null()) out.reset();
+  if (d.is_string()) out = d.get<std::string>();
+}
+
 bool ObjectReader::has(std::string_view key) const {
   return object_.find(key) != object_.end();
 }
@@ -253,6 +296,7 @@ Got ObjectReader::type_error(std::string_view key, std::string_view expected, co
 }
 
 Got ObjectReader::get_bool(std::string_view key, bool& out) {
+  take_default(key, out);
   Got got;
   const Json* j = lookup(key, got);
   if (got == Got::automatic) return on_auto(key, json_text(out));
@@ -296,6 +340,7 @@ std::optional<std::int64_t> as_int(const Json& j, bool& fractional) {
 }  // namespace
 
 Got ObjectReader::get_int(std::string_view key, std::int64_t& out) {
+  take_default(key, out);
   const ValueType& range = spec(key).type;
   Got got;
   const Json* j = lookup(key, got);
@@ -328,6 +373,7 @@ Got ObjectReader::get_int(std::string_view key, std::int64_t& out) {
 }
 
 Got ObjectReader::get_optional_int(std::string_view key, std::optional<std::int64_t>& out) {
+  take_default(key, out);
   if (has(key) && object_.find(key)->is_null()) {
     consumed_.insert(std::string(key));
     spec(key);
@@ -352,6 +398,7 @@ Got ObjectReader::get_number_in(std::string_view key, double& out, const ValueTy
 }
 
 Got ObjectReader::read_number(std::string_view key, double& out, const ValueType& range) {
+  take_default(key, out);
   Got got;
   const Json* j = lookup(key, got);
   if (got == Got::automatic) return on_auto(key, json_text(out));
@@ -377,6 +424,7 @@ Got ObjectReader::read_number(std::string_view key, double& out, const ValueType
 }
 
 Got ObjectReader::get_string(std::string_view key, std::string& out) {
+  take_default(key, out);
   Got got;
   const Json* j = lookup(key, got);
   if (got == Got::automatic) return on_auto(key, json_text(out));
@@ -387,6 +435,7 @@ Got ObjectReader::get_string(std::string_view key, std::string& out) {
 }
 
 Got ObjectReader::get_optional_string(std::string_view key, std::optional<std::string>& out) {
+  take_default(key, out);
   Got got;
   const Json* j = lookup(key, got, /*null_is_absent=*/true);
   if (got == Got::automatic) return on_auto(key, out ? json_text(*out) : std::string("null"));
@@ -401,6 +450,7 @@ Got ObjectReader::get_optional_string(std::string_view key, std::optional<std::s
 
 Got ObjectReader::get_choice(std::string_view key, std::string& out, std::span<const std::string_view> choices,
                              bool ignore_case) {
+  take_default(key, out);
   const bool auto_is_choice = std::find(choices.begin(), choices.end(), "auto") != choices.end();
   Got got;
   const Json* j = lookup(key, got, false, auto_is_choice);

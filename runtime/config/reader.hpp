@@ -49,10 +49,10 @@ class Sink {
 
 // How a getter found its key.
 enum class Got : std::uint8_t {
-  absent,     // not in the object (or null where null means "not set"); the output keeps its default
+  absent,     // not in the object (or null where null means "not set"); the output holds the row's default
   value,      // a valid value was stored
-  automatic,  // the string "auto"; for AutoRule::ds_default the default was kept and recorded
-  invalid,    // wrong type or out of range; an error was reported and the output keeps its default
+  automatic,  // the string "auto"; for AutoRule::ds_default the row's default is the output, recorded
+  invalid,    // wrong type or out of range; an error was reported and the output holds the row's default
 };
 
 // "5.5", "true", "null", "the string \"abc\"", "an object", "an array".
@@ -130,6 +130,15 @@ class ObjectReader {
 
  private:
   const KeySpec& spec(std::string_view key) const;
+  // Every getter starts from the key's schema row: its default (where the row writes it as a JSON value of the
+  // getter's type) is the output for an absent key, "auto" under ds_default and an invalid value. A default
+  // stated in words ("inferred", "heads") leaves the output as the parser set it.
+  void take_default(std::string_view key, bool& out) const;
+  void take_default(std::string_view key, std::int64_t& out) const;
+  void take_default(std::string_view key, double& out) const;
+  void take_default(std::string_view key, std::string& out) const;
+  void take_default(std::string_view key, std::optional<std::int64_t>& out) const;
+  void take_default(std::string_view key, std::optional<std::string>& out) const;
   // "unknown key (did you mean 'x'?)", "unknown key here (it is a key of 'b')" or "unknown key (not a key of b)".
   std::string unknown_key_message(const std::string& key) const;
   // Common prologue of the getters: marks the key read; nullptr with `got` = absent when missing (or null and

@@ -7,7 +7,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
 
 namespace zero3::config {
 
@@ -16,20 +21,20 @@ namespace {
 using S = Support;
 using A = AutoRule;
 
-constexpr std::string_view kTop = "";
-constexpr std::string_view kOpt = "optimizer";
-constexpr std::string_view kAdam = "optimizer.params (Adam/AdamW)";
+constexpr std::string_view kTop = blocks::top;
+constexpr std::string_view kOpt = blocks::optimizer;
+constexpr std::string_view kAdam = blocks::adam;
 constexpr std::string_view kLion = "optimizer.params (Lion)";
 constexpr std::string_view kAdagrad = "optimizer.params (Adagrad)";
 constexpr std::string_view kSched = "scheduler";
-constexpr std::string_view kWarmup = "scheduler.params (WarmupLR)";
-constexpr std::string_view kDecay = "scheduler.params (WarmupDecayLR)";
-constexpr std::string_view kCosine = "scheduler.params (WarmupCosineLR)";
-constexpr std::string_view kOneCycle = "scheduler.params (OneCycle)";
-constexpr std::string_view kRange = "scheduler.params (LRRangeTest)";
-constexpr std::string_view kZero = "zero_optimization";
-constexpr std::string_view kOffP = "zero_optimization.offload_param";
-constexpr std::string_view kOffO = "zero_optimization.offload_optimizer";
+constexpr std::string_view kWarmup = blocks::warmup_lr;
+constexpr std::string_view kDecay = blocks::warmup_decay_lr;
+constexpr std::string_view kCosine = blocks::warmup_cosine_lr;
+constexpr std::string_view kOneCycle = blocks::one_cycle;
+constexpr std::string_view kRange = blocks::lr_range_test;
+constexpr std::string_view kZero = blocks::zero;
+constexpr std::string_view kOffP = blocks::offload_param;
+constexpr std::string_view kOffO = blocks::offload_optimizer;
 constexpr std::string_view kZenflow = "zero_optimization.zenflow";
 constexpr std::string_view kLeaf = "zero_optimization.leaf_module";
 
@@ -628,9 +633,65 @@ std::span<const KeySpec> known_keys() {
 }
 
 const KeySpec* find_key(std::string_view block, std::string_view key) {
-  auto it = std::find_if(std::begin(kKeys), std::end(kKeys),
-                         [&](const KeySpec& k) { return k.block == block && k.key == key; });
-  return it == std::end(kKeys) ? nullptr : &*it;
+  // Looked up by every getter and every config struct's member initializers: indexed once.
+  static const auto index = [] {
+    std::unordered_map<std::string, const KeySpec*> m;
+    for (const KeySpec& k : kKeys) m.emplace(std::string(k.block) + '\n' + std::string(k.key), &k);
+    return m;
+  }();
+  const auto it = index.find(std::string(block) + '\n' + std::string(key));
+  return it == index.end() ? nullptr : it->second;
+}
+
+void throw_row_defect(std::string_view block, std::string_view key, std::string_view what) {
+  throw std::logic_error(
+      fmt::format("schema row '{}' of block '{}': {}", key, block.empty() ? "(top level)" : block, what));
+}
+
+namespace {
+
+nlohmann::json row_default_json(std::string_view block, std::string_view key) {
+  const KeySpec* k = find_key(block, key);
+  if (k == nullptr) throw_row_defect(block, key, "no such row");
+  nlohmann::json j = nlohmann::json::parse(k->default_value, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw_row_defect(block, key, "its default is words, not a JSON value");
+  return j;
+}
+
+}  // namespace
+
+bool row_bool(std::string_view block, std::string_view key) {
+  const nlohmann::json j = row_default_json(block, key);
+  if (!j.is_boolean()) throw_row_defect(block, key, "its default is not true or false");
+  return j.get<bool>();
+}
+
+std::int64_t row_int(std::string_view block, std::string_view key) {
+  const nlohmann::json j = row_default_json(block, key);
+  if (j.is_number_integer()) return j.get<std::int64_t>();
+  const double v = j.is_number_float() ? j.get<double>() : 0.5;
+  if (v != std::trunc(v) || std::abs(v) > 9.2e18) throw_row_defect(block, key, "its default is not an integer");
+  return static_cast<std::int64_t>(v);
+}
+
+double row_number(std::string_view block, std::string_view key) {
+  const nlohmann::json j = row_default_json(block, key);
+  if (!j.is_number()) throw_row_defect(block, key, "its default is not a number");
+  return j.get<double>();
+}
+
+std::array<double, 2> row_number_pair(std::string_view block, std::string_view key) {
+  const nlohmann::json j = row_default_json(block, key);
+  if (!j.is_array() || j.size() != 2 || !j[0].is_number() || !j[1].is_number()) {
+    throw_row_defect(block, key, "its default is not a list of two numbers");
+  }
+  return {j[0].get<double>(), j[1].get<double>()};
+}
+
+std::string row_string(std::string_view block, std::string_view key) {
+  const nlohmann::json j = row_default_json(block, key);
+  if (!j.is_string()) throw_row_defect(block, key, "its default is not a string");
+  return j.get<std::string>();
 }
 
 std::string range_text(const ValueType& t) {

@@ -134,3 +134,56 @@ TEST_CASE("zero3.model.type's row names the model type table's types, in order",
   }
   CHECK(find_model_type("bert") == nullptr);
 }
+
+TEST_CASE("a row's default written as a value is of the row's type and in its range", "[config][schema]") {
+  int checked = 0;
+  for (const KeySpec& k : known_keys()) {
+    const nlohmann::json d = nlohmann::json::parse(k.default_value, nullptr, /*allow_exceptions=*/false);
+    if (d.is_discarded() || k.type.kind == ValueType::Kind::text) continue;
+    INFO(k.block << " / " << k.key << ": default " << k.default_value << ", type " << type_text(k.type));
+    if (d.is_null()) {
+      CHECK(k.type.nullable);
+      continue;
+    }
+    REQUIRE(d.is_number());
+    const double v = d.get<double>();
+    if (k.type.kind == ValueType::Kind::integer) {
+      CHECK(row_int(k.block, k.key) == static_cast<std::int64_t>(v));
+      CHECK(v == static_cast<double>(static_cast<std::int64_t>(v)));
+    }
+    CHECK(row_number(k.block, k.key) == v);
+    if (k.type.has_min) CHECK((k.type.min_open ? v > k.type.min : v >= k.type.min));
+    if (k.type.has_max) CHECK((k.type.max_open ? v < k.type.max : v <= k.type.max));
+    ++checked;
+  }
+  CHECK(checked > 80);
+}
+
+TEST_CASE("the config structs take their defaults from the rows", "[config][schema]") {
+  // Each struct default, read back against its row; a row changed to another value moves the struct with it.
+  const Config c;
+  CHECK(c.zero.reduce_bucket_size == row_int(blocks::zero, "reduce_bucket_size"));
+  CHECK(c.zero.offload_param.buffer_count == row_int(blocks::offload_param, "buffer_count"));
+  CHECK(c.zero.offload_optimizer.buffer_count == row_int(blocks::offload_optimizer, "buffer_count"));
+  CHECK(c.zero.offload_param.buffer_count != c.zero.offload_optimizer.buffer_count);
+  CHECK(c.zero.offload_param.device == OffloadDevice::none);
+  CHECK(c.checkpoint.tag_validation == TagValidation::warn);
+  CHECK(c.zero3.comm.backend == CommBackend::automatic);
+  CHECK(c.zero3.spike.detector == SpikeDetector::zscore);
+  CHECK(c.csv_monitor.job_name == row_string(blocks::csv_monitor, "job_name"));
+  CHECK(OptimizerConfig{}.betas == row_number_pair(blocks::adam, "betas"));
+  // And the parser leaves the same values for an empty document.
+  const ParseResult r = parse_config_text(R"({"train_batch_size": 8})");
+  REQUIRE(r.config);
+  Config with_batch = c;
+  with_batch.batch = r.config->batch;  // the batch rule's resolution, which a struct cannot know
+  CHECK(to_json(*r.config) == to_json(with_batch));
+}
+
+TEST_CASE("a struct default read from a missing or mistyped row is a named defect", "[config][schema]") {
+  CHECK_THROWS_WITH(row_int(blocks::zero, "no_such_key"),
+                    Catch::Contains("no_such_key") && Catch::Contains("no such row"));
+  CHECK_THROWS_WITH(row_bool(blocks::zero, "reduce_bucket_size"), Catch::Contains("not true or false"));
+  CHECK_THROWS_WITH(row_int(blocks::top, "train_batch_size"), Catch::Contains("words"));
+  CHECK_THROWS_WITH(row_string(blocks::offload_param, "buffer_count"), Catch::Contains("not a string"));
+}

@@ -3,6 +3,7 @@
 // missing from this table; `zero3 config keys` and configs/README.md present it. Immutable static data.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -135,6 +136,58 @@ std::string_view to_string(Validation v);
 
 std::span<const KeySpec> known_keys();
 const KeySpec* find_key(std::string_view block, std::string_view key);
+
+// The blocks whose rows give the config structs (config.hpp) their defaults.
+namespace blocks {
+inline constexpr std::string_view top = "";
+inline constexpr std::string_view adam = "optimizer.params (Adam/AdamW)";
+inline constexpr std::string_view optimizer = "optimizer";
+inline constexpr std::string_view warmup_lr = "scheduler.params (WarmupLR)";
+inline constexpr std::string_view warmup_decay_lr = "scheduler.params (WarmupDecayLR)";
+inline constexpr std::string_view warmup_cosine_lr = "scheduler.params (WarmupCosineLR)";
+inline constexpr std::string_view one_cycle = "scheduler.params (OneCycle)";
+inline constexpr std::string_view lr_range_test = "scheduler.params (LRRangeTest)";
+inline constexpr std::string_view zero = "zero_optimization";
+inline constexpr std::string_view offload_param = "zero_optimization.offload_param";
+inline constexpr std::string_view offload_optimizer = "zero_optimization.offload_optimizer";
+inline constexpr std::string_view fp16 = "fp16";
+inline constexpr std::string_view bf16 = "bf16";
+inline constexpr std::string_view aio = "aio";
+inline constexpr std::string_view checkpoint = "checkpoint";
+inline constexpr std::string_view csv_monitor = "csv_monitor";  // tensorboard's rows are the same
+inline constexpr std::string_view wandb = "wandb";
+inline constexpr std::string_view activation_checkpointing = "activation_checkpointing";
+inline constexpr std::string_view flops_profiler = "flops_profiler";
+inline constexpr std::string_view zero3 = "zero3";
+inline constexpr std::string_view zero3_model = "zero3.model";
+inline constexpr std::string_view zero3_data = "zero3.data";
+inline constexpr std::string_view zero3_run = "zero3.run";
+inline constexpr std::string_view zero3_comm = "zero3.comm";
+inline constexpr std::string_view zero3_nonfinite = "zero3.nonfinite";
+inline constexpr std::string_view zero3_spike = "zero3.spike";
+}  // namespace blocks
+
+// A row's default as a value of the field it initializes: the default is written once, in its row, and both the
+// config structs' member initializers and the parser's getters take it from there. Throws std::logic_error when
+// the row is missing or its default is not a JSON value of that type (a schema defect, met by every test).
+bool row_bool(std::string_view block, std::string_view key);
+std::int64_t row_int(std::string_view block, std::string_view key);
+double row_number(std::string_view block, std::string_view key);
+std::string row_string(std::string_view block, std::string_view key);
+// A default written as a list of two numbers ("[0.9, 0.999]").
+std::array<double, 2> row_number_pair(std::string_view block, std::string_view key);
+// Throws std::logic_error naming the row and what is wrong with its default.
+[[noreturn]] void throw_row_defect(std::string_view block, std::string_view key, std::string_view what);
+// An enum field's default: the value whose to_string spelling the row's default string is; `Last` is the
+// enum's last value.
+template <class Enum, Enum Last>
+Enum row_enum(std::string_view block, std::string_view key) {
+  const std::string text = row_string(block, key);
+  for (int v = 0; v <= static_cast<int>(Last); ++v) {
+    if (to_string(static_cast<Enum>(v)) == text) return static_cast<Enum>(v);
+  }
+  throw_row_defect(block, key, "names no value of the field's enum");
+}
 std::string_view to_string(Support s);
 std::string_view to_string(AutoRule r);
 
