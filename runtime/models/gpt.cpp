@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "exact_resize.hpp"
+#include "flash_attention.hpp"
 #include "gpt_ops.hpp"
 #include "host_adapter.hpp"
 #include "host_gemm.hpp"
@@ -258,9 +259,10 @@ void GptModel<T>::forward_block(BlockActs& a, std::span<const T* const> p, const
   ops::layernorm_forward(in, p[kLn1Weight], p[kLn1Bias], a.ln1.data(), a.ln1_stat.data(), rows, d);
   detail::resize_exact(a.qkv, rows * 3 * d);
   linear_fwd(p, kQkvWeight, p[kQkvBias], a.ln1.data(), a.qkv.data(), rows, d, 3 * d);
-  detail::resize_exact(a.prob, idx(batch_) * heads * len * len);
+  detail::resize_exact(a.lse, idx(batch_) * heads * len);
   detail::resize_exact(a.att, rows * d);
-  ops::attention_forward(a.qkv.data(), a.prob.data(), a.att.data(), idx(batch_), len, heads, idx(config_.head_dim()));
+  ops::flash_attention_forward(a.qkv.data(), a.lse.data(), a.att.data(), idx(batch_), len, heads,
+                               idx(config_.head_dim()));
   detail::resize_exact(a.res1, rows * d);
   linear_fwd(p, kAttnProjWeight, p[kAttnProjBias], a.att.data(), a.res1.data(), rows, d, d);
   ops::add_inplace(a.res1.data(), in, rows * d);
@@ -360,9 +362,8 @@ void GptModel<T>::backward_block(std::size_t unit, std::span<const T* const> p, 
   // Attention branch: res1 = in + proj(attention(qkv(ln1(in)))).
   linear_bwd(p, kAttnProjWeight, a.att.data(), dres, dnarrow_.data(), g[kAttnProjWeight], g[kAttnProjBias], rows, d, d);
   detail::resize_exact(dqkv_, rows * 3 * d);
-  detail::resize_exact(dprob_, idx(batch_) * idx(config_.heads) * len * len);
-  ops::attention_backward(a.qkv.data(), a.prob.data(), dnarrow_.data(), dqkv_.data(), dprob_.data(), idx(batch_), len,
-                          idx(config_.heads), idx(config_.head_dim()));
+  ops::flash_attention_backward(a.qkv.data(), a.att.data(), a.lse.data(), dnarrow_.data(), dqkv_.data(), idx(batch_),
+                                len, idx(config_.heads), idx(config_.head_dim()));
   linear_bwd(p, kQkvWeight, a.ln1.data(), dqkv_.data(), dnarrow_.data(), g[kQkvWeight], g[kQkvBias], rows, d, 3 * d);
   ops::layernorm_backward(in, p[kLn1Weight], a.ln1_stat.data(), dnarrow_.data(), dres, g[kLn1Weight], g[kLn1Bias], rows,
                           d);
@@ -396,12 +397,12 @@ std::size_t GptModel<T>::activation_bytes() const {
   for (const std::vector<T>& r : residual_) add(r);
   for (const BlockActs& a : blocks_) {
     for (const std::vector<T>* v :
-         {&a.ln1, &a.ln1_stat, &a.qkv, &a.prob, &a.att, &a.res1, &a.ln2, &a.ln2_stat, &a.fc, &a.gelu}) {
+         {&a.ln1, &a.ln1_stat, &a.qkv, &a.lse, &a.att, &a.res1, &a.ln2, &a.ln2_stat, &a.fc, &a.gelu}) {
       add(*v);
     }
   }
   for (const std::vector<T>* v :
-       {&lnf_, &lnf_stat_, &logits_, &position_loss_, &dresidual_, &dwide_, &dnarrow_, &dqkv_, &dprob_}) {
+       {&lnf_, &lnf_stat_, &logits_, &position_loss_, &dresidual_, &dwide_, &dnarrow_, &dqkv_}) {
     add(*v);
   }
   return elems * sizeof(T) + (round_x_.capacity() + round_dy_.capacity()) * sizeof(bf16_t) +
@@ -421,8 +422,8 @@ std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
   // Each buffer holds the larger of its train and held-out sizes where both passes use it.
   const auto both = [&](Index per_row) { return std::max(rows, eval_rows) * per_row; };
   const auto block = [&](Index r, Index batch) {  // one BlockActs
-    // ln1, att, res1, ln2; the two stats; qkv; prob; fc and gelu.
-    return r * d * 4 + 2 * r * 2 + r * 3 * d + batch * heads * n * n + r * f * 2;
+    // ln1, att, res1, ln2; the two stats; qkv; lse; fc and gelu.
+    return r * d * 4 + 2 * r * 2 + r * 3 * d + batch * heads * n + r * f * 2;
   };
   Index elems = 0;
   for (Index u = 0; u <= layers; ++u) elems += u < 2 ? both(d) : rows * d;  // residual_: eval uses two
@@ -435,8 +436,8 @@ std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
     const Index r = std::max(rows, eval_rows);
     elems += block(r, std::max(idx(micro_batch), idx(eval_batch)));
   }
-  elems += both(d) + both(2) + both(vocab) + both(1);  // lnf_, lnf_stat_, logits_, losses
-  elems += rows * d + rows * f + rows * d + rows * 3 * d + idx(micro_batch) * heads * n * n;     // backward scratch
+  elems += both(d) + both(2) + both(vocab) + both(1);      // lnf_, lnf_stat_, logits_, losses
+  elems += rows * d + rows * f + rows * d + rows * 3 * d;  // backward scratch
   std::size_t bytes = elems * sizeof(T) + 2 * std::max(rows, eval_rows) * sizeof(std::int32_t);  // tokens, targets
   if (bf16_products) {
     // round_x_: a layer's input (at most the MLP's inner width); round_dy_: a layer's output gradient.

@@ -1,8 +1,7 @@
-// The GPT's host kernels. Matrix products go to host_gemm; the element-wise, per-row and attention work
-// runs on the host pool in chunks fixed by the sizes: rows for per-row work, (sequence, head) pairs for
-// attention, and column blocks for the column sums of parameter gradients, each of which adds its rows
-// in row order, as one thread would. Per-row reductions accumulate in double: for float they then stay
-// accurate at widths of thousands.
+// The GPT's host kernels. Matrix products go to host_gemm; the element-wise and per-row work runs on the host
+// pool in chunks fixed by the sizes: rows for per-row work and column blocks for the column sums of parameter
+// gradients, each of which adds its rows in row order, as one thread would. Per-row reductions accumulate in
+// double: for float they then stay accurate at widths of thousands.
 #include "gpt_ops.hpp"
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include "exact_resize.hpp"
 #include "host_gemm.hpp"
 #include "host_parallel.hpp"
+#include "row_math.hpp"
 #include "vector_math.hpp"
 #include "zero3/core/error.hpp"
 
@@ -61,16 +61,6 @@ void add_column_sums(const T* v, T* out, Index rows, Index d) {
       for (Index k = k0; k < k1; ++k) out[k] += vi[k];
     }
   });
-}
-
-// A product inside a pool chunk: on the calling thread alone.
-void gemm_serial(bool ta, bool tb, Index m, Index n, Index k, float alpha, const float* a, Index lda, const float* b,
-                 Index ldb, float beta, float* c, Index ldc) {
-  gemm::gemm_f32_serial(gemm::Backend::openblas, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-void gemm_serial(bool ta, bool tb, Index m, Index n, Index k, double alpha, const double* a, Index lda, const double* b,
-                 Index ldb, double beta, double* c, Index ldc) {
-  gemm::gemm_f64(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void fill_bias_rows(const float* bias, float* y, Index rows, Index out) {
@@ -221,36 +211,6 @@ void gelu_tanh(const T* x, T* t, Index b, Index e) {
   }
 }
 
-// Per-thread scratch of a chunk's tanh values or a row's exponentials.
-template <typename T>
-T* thread_scratch(Index n) {
-  thread_local std::vector<T> scratch;
-  if (scratch.size() < n) scratch.resize(n);
-  return scratch.data();
-}
-
-// out[j] = exp(x[j] - shift) for j in [0, n), returning their sum in double (x and out may be the same
-// array); float through vmath::exp_f32.
-template <typename T>
-double exp_shifted(const T* x, T* out, Index n, T shift) {
-  for (Index j = 0; j < n; ++j) out[j] = x[j] - shift;
-  if constexpr (std::is_same_v<T, float>) {
-    vmath::exp_f32(out, out, n);
-  } else {
-    for (Index j = 0; j < n; ++j) out[j] = std::exp(out[j]);
-  }
-  // Eight partial sums (lane j % 8), added pairwise at the end: one running double sum would wait on each
-  // add's latency, and a fixed order keeps the result independent of threads.
-  constexpr Index kLanes = 8;
-  double part[kLanes] = {};
-  Index j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (Index l = 0; l < kLanes; ++l) part[l] += out[j + l];
-  }
-  for (; j < n; ++j) part[j % kLanes] += out[j];
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-}
-
 template <typename T>
 void gelu_forward(const T* x, T* y, Index n) {
   for_elems(n, [&](Index b, Index e) {
@@ -273,67 +233,6 @@ void gelu_backward(const T* x, const T* dy, T* dx, Index n) {
       const T dt = (T(1) - t * t) * scale * (T(1) + T(3) * cubic * v * v);
       dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * dt);
     }
-  });
-}
-
-template <typename T>
-void attention_forward(const T* qkv, T* prob, T* att, Index batch, Index len, Index heads, Index head_dim) {
-  const Index d = heads * head_dim;
-  const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
-  par::for_chunks(batch * heads, 1, [&](Index sh, Index, Index) {
-    const Index s = sh / heads;
-    const Index h = sh % heads;
-    const T* q = qkv + s * len * 3 * d + h * head_dim;
-    const T* k = q + d;
-    const T* v = q + 2 * d;
-    T* p = prob + sh * len * len;
-    // The full square costs twice the causal triangle's products; one gemm is still far cheaper than
-    // len small ones, and the masked half is overwritten with exact zeros below.
-    gemm_serial(false, true, len, len, head_dim, scale, q, 3 * d, k, 3 * d, T(0), p, len);
-    for (Index t = 0; t < len; ++t) {
-      T* row = p + t * len;
-      const T mx = *std::max_element(row, row + t + 1);
-      const double sum = exp_shifted(row, row, t + 1, mx);
-      const T inv = static_cast<T>(1.0 / sum);
-      for (Index j = 0; j <= t; ++j) row[j] *= inv;
-      std::fill(row + t + 1, row + len, T(0));
-    }
-    gemm_serial(false, false, len, head_dim, len, T(1), p, len, v, 3 * d, T(0), att + s * len * d + h * head_dim, d);
-  });
-}
-
-template <typename T>
-void attention_backward(const T* qkv, const T* prob, const T* datt, T* dqkv, T* dprob, Index batch, Index len,
-                        Index heads, Index head_dim) {
-  const Index d = heads * head_dim;
-  const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
-  par::for_chunks(batch * heads, 1, [&](Index sh, Index, Index) {
-    const Index s = sh / heads;
-    const Index h = sh % heads;
-    const Index offset = s * len * 3 * d + h * head_dim;
-    const T* q = qkv + offset;
-    const T* k = q + d;
-    const T* v = q + 2 * d;
-    T* dq = dqkv + offset;
-    T* dk = dq + d;
-    T* dv = dq + 2 * d;
-    const T* p = prob + sh * len * len;
-    const T* da = datt + s * len * d + h * head_dim;
-    T* ds = dprob + sh * len * len;
-    gemm_serial(false, true, len, len, head_dim, T(1), da, d, v, 3 * d, T(0), ds, len);  // dP = dA V^T
-    gemm_serial(true, false, len, head_dim, len, T(1), p, len, da, d, T(0), dv, 3 * d);  // dV = P^T dA
-    // Softmax backward, in place: dS = P (dP - sum_j P dP); zero where P is masked.
-    for (Index t = 0; t < len; ++t) {
-      const T* pr = p + t * len;
-      T* dr = ds + t * len;
-      double dot = 0;
-      for (Index j = 0; j <= t; ++j) dot += pr[j] * dr[j];
-      const T dot_t = static_cast<T>(dot);
-      for (Index j = 0; j <= t; ++j) dr[j] = pr[j] * (dr[j] - dot_t);
-      std::fill(dr + t + 1, dr + len, T(0));
-    }
-    gemm_serial(false, false, len, head_dim, len, scale, ds, len, k, 3 * d, T(0), dq, 3 * d);  // dQ = dS K
-    gemm_serial(true, false, len, head_dim, len, scale, ds, len, q, 3 * d, T(0), dk, 3 * d);   // dK = dS^T Q
   });
 }
 
@@ -380,9 +279,6 @@ template void layernorm_backward<float>(const float*, const float*, const float*
                                         Index, Index);
 template void gelu_forward<float>(const float*, float*, Index);
 template void gelu_backward<float>(const float*, const float*, float*, Index);
-template void attention_forward<float>(const float*, float*, float*, Index, Index, Index, Index);
-template void attention_backward<float>(const float*, const float*, const float*, float*, float*, Index, Index, Index,
-                                        Index);
 template float cross_entropy_forward<float>(const float*, const std::int32_t*, float*, Index, Index);
 template void cross_entropy_backward<float>(const float*, const std::int32_t*, float*, Index, Index, float);
 template void linear_forward<double>(const double*, const double*, const double*, double*, Index, Index, Index);
@@ -393,9 +289,6 @@ template void layernorm_backward<double>(const double*, const double*, const dou
                                          double*, Index, Index);
 template void gelu_forward<double>(const double*, double*, Index);
 template void gelu_backward<double>(const double*, const double*, double*, Index);
-template void attention_forward<double>(const double*, double*, double*, Index, Index, Index, Index);
-template void attention_backward<double>(const double*, const double*, const double*, double*, double*, Index, Index,
-                                         Index, Index);
 template double cross_entropy_forward<double>(const double*, const std::int32_t*, double*, Index, Index);
 template void cross_entropy_backward<double>(const double*, const std::int32_t*, double*, Index, Index, double);
 

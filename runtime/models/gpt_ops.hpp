@@ -1,6 +1,6 @@
-// Host kernels of the GPT: matrix products (host_gemm), LayerNorm, GELU, causal attention and
-// cross-entropy, on row-major arrays, for float and double, plus bf16-product variants of the linear
-// layer for float. They know nothing of units or configs: callers pass pointers and sizes. Gradients of
+// Host kernels of the GPT: matrix products (host_gemm), LayerNorm, GELU and cross-entropy, on row-major
+// arrays, for float and double, plus bf16-product variants of the linear layer for float (attention:
+// flash_attention.hpp). They know nothing of units or configs: callers pass pointers and sizes. Gradients of
 // params accumulate (+=); each function says what it writes and what it accumulates. Callable from any
 // thread; every op runs on the host pool (host_parallel.hpp) over chunks fixed by the sizes alone, so
 // its result does not depend on the thread count.
@@ -59,17 +59,6 @@ void gelu_forward(const T* x, T* y, Index n);
 // dx = dy * gelu'(x); dx may be dy.
 template <typename T>
 void gelu_backward(const T* x, const T* dy, T* dx, Index n);
-
-// Causal multi-head self-attention of `batch` sequences of `len` positions. qkv is [batch, len, 3 d]
-// (q, k, v side by side, d = heads * head_dim); writes prob [batch, heads, len, len] (softmax of
-// q k^T / sqrt(head_dim) over keys <= query, exact zeros above the diagonal) and att [batch, len, d].
-// Parallel over (sequence, head); the products stay fp32 in every mode.
-template <typename T>
-void attention_forward(const T* qkv, T* prob, T* att, Index batch, Index len, Index heads, Index head_dim);
-// Writes dqkv [batch, len, 3 d] from datt [batch, len, d]; dprob is [batch, heads, len, len] scratch.
-template <typename T>
-void attention_backward(const T* qkv, const T* prob, const T* datt, T* dqkv, T* dprob, Index batch, Index len,
-                        Index heads, Index head_dim);
 
 // losses[i] = logsumexp(logits row i) - logits[i, targets[i]]; returns their sum.
 template <typename T>

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "exact_resize.hpp"
+#include "flash_attention.hpp"
 #include "gpt_ops.hpp"
 #include "host_adapter.hpp"
 #include "host_gemm.hpp"
@@ -281,9 +282,9 @@ void LlamaModel<T>::forward_layer(LayerActs& a, std::span<const T* const> p, con
   detail::resize_exact(a.qkv, rows * 3 * q_width);
   ops::gqa_pack(q_.data(), k_.data(), v_.data(), a.qkv.data(), rope_cos_.data(), rope_sin_.data(), rows, len, heads, kv,
                 dim);
-  detail::resize_exact(a.prob, idx(batch_) * heads * len * len);
+  detail::resize_exact(a.lse, idx(batch_) * heads * len);
   detail::resize_exact(a.att, rows * q_width);
-  ops::attention_forward(a.qkv.data(), a.prob.data(), a.att.data(), idx(batch_), len, heads, dim);
+  ops::flash_attention_forward(a.qkv.data(), a.lse.data(), a.att.data(), idx(batch_), len, heads, dim);
   detail::resize_exact(a.res1, rows * d);
   linear_fwd(p, kOProj, param_or_null(p, o_bias_), a.att.data(), a.res1.data(), rows, q_width, d);
   ops::add_inplace(a.res1.data(), in, rows * d);
@@ -389,9 +390,8 @@ void LlamaModel<T>::backward_layer(std::size_t unit, std::span<const T* const> p
   linear_bwd(p, kOProj, a.att.data(), dres, dnarrow_.data(), false, g[kOProj], grad_or_null(g, o_bias_), rows, q_width,
              d);
   detail::resize_exact(dqkv_, rows * 3 * q_width);
-  detail::resize_exact(dprob_, idx(batch_) * heads * len * len);
-  ops::attention_backward(a.qkv.data(), a.prob.data(), dnarrow_.data(), dqkv_.data(), dprob_.data(), idx(batch_), len,
-                          heads, dim);
+  ops::flash_attention_backward(a.qkv.data(), a.att.data(), a.lse.data(), dnarrow_.data(), dqkv_.data(), idx(batch_),
+                                len, heads, dim);
   detail::resize_exact(q_, rows * q_width);
   detail::resize_exact(k_, rows * kv_width);
   detail::resize_exact(v_, rows * kv_width);
@@ -429,12 +429,12 @@ std::size_t LlamaModel<T>::activation_bytes() const {
   for (const std::vector<T>& r : residual_) add(r);
   for (const LayerActs& a : layers_) {
     for (const std::vector<T>* v :
-         {&a.norm1, &a.inv1, &a.qkv, &a.prob, &a.att, &a.res1, &a.norm2, &a.inv2, &a.gate, &a.up, &a.swiglu}) {
+         {&a.norm1, &a.inv1, &a.qkv, &a.lse, &a.att, &a.res1, &a.norm2, &a.inv2, &a.gate, &a.up, &a.swiglu}) {
       add(*v);
     }
   }
   for (const std::vector<T>* v : {&normf_, &invf_, &logits_, &position_loss_, &q_, &k_, &v_, &dresidual_, &dnarrow_,
-                                  &dgate_, &dup_, &dqkv_, &dprob_, &rope_cos_, &rope_sin_}) {
+                                  &dgate_, &dup_, &dqkv_, &rope_cos_, &rope_sin_}) {
     add(*v);
   }
   return elems * sizeof(T) + (round_x_.capacity() + round_dy_.capacity()) * sizeof(bf16_t) +
@@ -456,8 +456,8 @@ std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_ba
   const Index layers = idx(config_.layers);
   const auto both = [&](Index per_row) { return std::max(rows, eval_rows) * per_row; };
   const auto layer = [&](Index r, Index batch) {
-    // norm1, res1, norm2; inv1, inv2; qkv; prob; att; gate, up, swiglu.
-    return r * d * 3 + r * 2 + r * 3 * q_width + batch * heads * n * n + r * q_width + r * f * 3;
+    // norm1, res1, norm2; inv1, inv2; qkv; lse; att; gate, up, swiglu.
+    return r * d * 3 + r * 2 + r * 3 * q_width + batch * heads * n + r * q_width + r * f * 3;
   };
   Index elems = 0;
   for (Index u = 0; u <= layers; ++u) elems += u < 2 ? both(d) : rows * d;
@@ -468,7 +468,7 @@ std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_ba
   elems += both(d) + both(1) + both(vocab) + both(1);              // normf_, invf_, logits_, losses
   elems += both(q_width) + 2 * both(kv_width);                     // q_, k_, v_
   elems += rows * d + rows * std::max(d, q_width) + 2 * rows * f;  // dresidual_, dnarrow_, dgate_, dup_
-  elems += rows * 3 * q_width + idx(micro_batch) * heads * n * n;  // dqkv_, dprob_
+  elems += rows * 3 * q_width;                                     // dqkv_
   elems += 2 * n * (idx(config_.dim()) / 2);                       // the rotary table
   std::size_t bytes = elems * sizeof(T) + 2 * std::max(rows, eval_rows) * sizeof(std::int32_t);
   if (bf16_products) {

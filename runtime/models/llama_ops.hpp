@@ -1,6 +1,6 @@
 // Host kernels the Llama-family decoder adds to gpt_ops: RMSNorm, rotary position embeddings (the
 // rotate-half pairing Hugging Face's Llama uses), the SwiGLU gate, and the grouped-query layout change
-// between separate q, k, v projections (kv_heads <= heads) and gpt_ops' attention, which takes q, k and v
+// between separate q, k, v projections (kv_heads <= heads) and flash_attention's, which takes q, k and v
 // for every head side by side. Row-major arrays, float and double; gradients of params accumulate (+=).
 // Every loop runs on the host pool over chunks fixed by the sizes alone (host_parallel.hpp).
 #pragma once
@@ -32,7 +32,7 @@ void swiglu_forward(const T* gate, const T* up, T* h, Index n);
 template <typename T>
 void swiglu_backward(const T* gate, const T* up, const T* dh, T* dgate, T* dup, Index n);
 
-// Grouped-query attention's inputs in gpt_ops::attention_forward's layout: qkv [rows, 3 heads head_dim]
+// Grouped-query attention's inputs in flash_attention_forward's layout: qkv [rows, 3 heads head_dim]
 // from q [rows, heads head_dim], k and v [rows, kv_heads head_dim]; query head h reads kv head
 // h / (heads / kv_heads) (transformers' repeat_kv). q and k are rotated by position row % len.
 template <typename T>

@@ -5,6 +5,9 @@ if(TARGET zero3_models)
   # Thread-count independence and the bf16 products' error bounds; reads gpt_ops.hpp (zero3_models_internals).
   zero3_unit_test(gpt_host_compute SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt_host_compute.cpp
                   LIBS zero3_models_internals TBB::tbb fmt::fmt)
+  # The tiled attention against full attention in float64; reads flash_attention.hpp (zero3_models_internals).
+  zero3_unit_test(flash_attention SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_attention.cpp
+                  LIBS zero3_models_internals fmt::fmt)
   # The vectorized tanh of the host models against tanh in double; reads vector_math.hpp (zero3_models_internals).
   zero3_unit_test(vector_math SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_vector_math.cpp LIBS zero3_models_internals)
   # The host Llama-family decoder: finite differences for every param, float vs double, causality.

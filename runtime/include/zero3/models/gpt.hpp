@@ -118,7 +118,7 @@ class GptModel {
     std::vector<T> ln1;       // [rows, hidden] LN1 output
     std::vector<T> ln1_stat;  // [rows, 2] mean, 1/std
     std::vector<T> qkv;       // [rows, 3 hidden]
-    std::vector<T> prob;      // [batch, heads, len, len] causal softmax (zeros above the diagonal)
+    std::vector<T> lse;       // [batch, heads, len] attention rows' log-sum-exp (flash_attention.hpp)
     std::vector<T> att;       // [rows, hidden] heads' outputs, concatenated, before the projection
     std::vector<T> res1;      // [rows, hidden] residual stream after attention
     std::vector<T> ln2;       // [rows, hidden]
@@ -167,7 +167,6 @@ class GptModel {
   std::vector<T> dwide_;    // [rows, 4 hidden]
   std::vector<T> dnarrow_;  // [rows, hidden]
   std::vector<T> dqkv_;     // [rows, 3 hidden]
-  std::vector<T> dprob_;    // [batch, heads, len, len]
 
   std::vector<const bf16_t*> w16_;  // the current unit's bf16 weights (null: fp32 products)
   std::vector<bf16_t> round_x_;     // a bf16 layer's input, rounded

@@ -92,7 +92,7 @@ class LlamaModel {
     std::vector<T> norm1;   // [rows, hidden] input_layernorm output
     std::vector<T> inv1;    // [rows] its 1/rms
     std::vector<T> qkv;     // [rows, 3 heads dim] rotated q, k, v per query head
-    std::vector<T> prob;    // [batch, heads, len, len]
+    std::vector<T> lse;     // [batch, heads, len] attention rows' log-sum-exp
     std::vector<T> att;     // [rows, heads dim]
     std::vector<T> res1;    // [rows, hidden] residual stream after attention
     std::vector<T> norm2;   // [rows, hidden]
@@ -149,7 +149,6 @@ class LlamaModel {
   std::vector<T> dgate_;    // [rows, intermediate]
   std::vector<T> dup_;
   std::vector<T> dqkv_;
-  std::vector<T> dprob_;
 
   std::vector<const bf16_t*> w16_;
   std::vector<bf16_t> round_x_;

@@ -1,0 +1,32 @@
+// Causal multi-head self-attention that never holds a len x len matrix: the FlashAttention algorithm
+// (Dao et al., 2022; FlashAttention-2's loop order) on the host. Forward walks the keys in tiles with an
+// online softmax and keeps only each row's output and log-sum-exp; backward recomputes each tile's
+// probabilities from the log-sum-exp. Memory per (sequence, head) is O(len), scratch per thread O(tile^2).
+//
+// Layout, shared with the GPT and the Llama (llama_ops.hpp packs grouped-query heads into it): qkv is
+// [batch, len, 3 d] with q, k and v side by side (d = heads * head_dim), att and datt [batch, len, d],
+// lse [batch, heads, len]. The products stay fp32 (fp64 for double) in every mode. Deterministic: the tiles are
+// fixed by the sizes, each output is written by one chunk of the host pool (host_parallel.hpp) and its sums
+// run in a fixed order, so the bits do not depend on the thread count or on scheduling.
+#pragma once
+
+#include <cstddef>
+
+namespace zero3::models::ops {
+
+using Index = std::size_t;
+
+// Rows and keys per tile: the products are kTile x kTile x head_dim.
+inline constexpr Index kAttentionTile = 64;
+
+// att = softmax(q k^T / sqrt(head_dim), keys <= query) v per (sequence, head); lse[s, h, t] = log of the
+// softmax's denominator with its max shift added back (the row's log-sum-exp of the scaled scores).
+template <typename T>
+void flash_attention_forward(const T* qkv, T* lse, T* att, Index batch, Index len, Index heads, Index head_dim);
+
+// Writes dqkv [batch, len, 3 d] (no accumulation) from datt, given the forward's qkv, att and lse.
+template <typename T>
+void flash_attention_backward(const T* qkv, const T* att, const T* lse, const T* datt, T* dqkv, Index batch, Index len,
+                              Index heads, Index head_dim);
+
+}  // namespace zero3::models::ops
