@@ -123,6 +123,9 @@ void parse_model(ObjectReader& z, Context& cx) {
   if (r.get_string("init_from", m.init_from) == Got::value && m.init_from.empty()) {
     r.error("init_from", "an empty path; name a .safetensors file or a directory holding the checkpoint");
   }
+  std::string recompute;
+  r.get_choice("activation_checkpointing", recompute, {"none", "full", "selective"});
+  m.activation_checkpointing = parse_recompute(recompute).value_or(Recompute::none);
   if (from_hf.sliding_window > 0 && m.seq_len > from_hf.sliding_window) {
     r.error("seq_len", fmt::format("{} exceeds the sliding_window {} of hf_config '{}': sliding-window attention is "
                                    "not implemented (a context within the window computes the same)",

@@ -583,6 +583,10 @@ constexpr KeySpec kKeys[] = {
      "llama: lm_head is the embedding; false over a tied hf_config unties them"},
     {"zero3.model", "init_from", "string", "absent", S::implemented, A::rejected,
      "a safetensors file or directory: the initial weights, by param name"},
+    {"zero3.model", "activation_checkpointing", "\"none\" | \"full\" | \"selective\"", "\"none\"", S::implemented,
+     A::rejected,
+     "full: each unit keeps its input and recomputes its forward in backward; selective: products and attention "
+     "kept, norms and activations recomputed; bitwise the gradients of none (host GPT and Llama)"},
     {"zero3.data", "source", "\"synthetic:markov\" | \"tokens:FILE\" | \"raw16:FILE\"", "\"synthetic:markov\"",
      S::implemented, A::rejected, "tokens: reads zero3 and llm.c token files; raw16: headerless uint16 ids"},
     {"zero3.data", "markov_order", int_min(1), "2", S::implemented, A::rejected, "synthetic:markov only"},

@@ -272,6 +272,7 @@ Json zero3_json(const Zero3Settings& s) {
     m["vocab_size"] = s.model->vocab_size;
     m["seq_len"] = s.model->seq_len;
     if (!s.model->init_from.empty()) m["init_from"] = s.model->init_from;
+    m["activation_checkpointing"] = str(to_string(s.model->activation_checkpointing));
     if (model_type_spec(s.model->type).decoder_options) {
       m["kv_heads"] = s.model->kv_heads;
       m["head_dim"] = s.model->head_dim;

@@ -163,7 +163,7 @@ void GptModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<cons
   next_backward_ = 0;
   const std::size_t streams = pass == Pass::train ? idx(config_.layers) + 1 : 2;
   if (residual_.size() < streams) residual_.resize(streams);
-  const std::size_t block_sets = pass == Pass::train ? idx(config_.layers) : 1;
+  const std::size_t block_sets = pass == Pass::train && recompute_ != Recompute::full ? idx(config_.layers) : 1;
   if (blocks_.size() < block_sets) blocks_.resize(block_sets);
 }
 
@@ -223,7 +223,8 @@ void GptModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
   } else if (unit + 1 < num_units()) {
     std::vector<T>& out = stream(unit);
     detail::resize_exact(out, rows * d);
-    forward_block(blocks_[train ? unit - 1 : 0], params, stream(unit - 1).data(), out.data());
+    BlockActs& kept = train ? kept_acts(unit) : blocks_[0];
+    forward_block(kept, train ? recomputed_acts(unit) : kept, params, stream(unit - 1).data(), out.data());
   } else {
     forward_head(params, stream(unit - 1).data());
     if (train) next_backward_ = num_units();
@@ -248,17 +249,17 @@ void GptModel<T>::forward_embed(std::span<const T* const> params, T* out) {
 }
 
 template <typename T>
-void GptModel<T>::forward_block(BlockActs& a, std::span<const T* const> p, const T* in, T* out) {
+void GptModel<T>::forward_block(BlockActs& a, BlockActs& r, std::span<const T* const> p, const T* in, T* out) {
   const Index rows = idx(batch_) * idx(len_);
   const Index d = idx(config_.hidden);
   const Index f = idx(config_.mlp_hidden());
   const Index len = idx(len_);
   const Index heads = idx(config_.heads);
-  detail::resize_exact(a.ln1, rows * d);
+  detail::resize_exact(r.ln1, rows * d);
   detail::resize_exact(a.ln1_stat, 2 * rows);
-  ops::layernorm_forward(in, p[kLn1Weight], p[kLn1Bias], a.ln1.data(), a.ln1_stat.data(), rows, d);
+  ops::layernorm_forward(in, p[kLn1Weight], p[kLn1Bias], r.ln1.data(), a.ln1_stat.data(), rows, d);
   detail::resize_exact(a.qkv, rows * 3 * d);
-  linear_fwd(p, kQkvWeight, p[kQkvBias], a.ln1.data(), a.qkv.data(), rows, d, 3 * d);
+  linear_fwd(p, kQkvWeight, p[kQkvBias], r.ln1.data(), a.qkv.data(), rows, d, 3 * d);
   detail::resize_exact(a.lse, idx(batch_) * heads * len);
   detail::resize_exact(a.att, rows * d);
   ops::flash_attention_forward(a.qkv.data(), a.lse.data(), a.att.data(), idx(batch_), len, heads,
@@ -266,14 +267,15 @@ void GptModel<T>::forward_block(BlockActs& a, std::span<const T* const> p, const
   detail::resize_exact(a.res1, rows * d);
   linear_fwd(p, kAttnProjWeight, p[kAttnProjBias], a.att.data(), a.res1.data(), rows, d, d);
   ops::add_inplace(a.res1.data(), in, rows * d);
-  detail::resize_exact(a.ln2, rows * d);
+  detail::resize_exact(r.ln2, rows * d);
   detail::resize_exact(a.ln2_stat, 2 * rows);
-  ops::layernorm_forward(a.res1.data(), p[kLn2Weight], p[kLn2Bias], a.ln2.data(), a.ln2_stat.data(), rows, d);
+  ops::layernorm_forward(a.res1.data(), p[kLn2Weight], p[kLn2Bias], r.ln2.data(), a.ln2_stat.data(), rows, d);
   detail::resize_exact(a.fc, rows * f);
-  linear_fwd(p, kFcWeight, p[kFcBias], a.ln2.data(), a.fc.data(), rows, d, f);
-  detail::resize_exact(a.gelu, rows * f);
-  ops::gelu_forward(a.fc.data(), a.gelu.data(), rows * f);
-  linear_fwd(p, kMlpProjWeight, p[kMlpProjBias], a.gelu.data(), out, rows, f, d);
+  linear_fwd(p, kFcWeight, p[kFcBias], r.ln2.data(), a.fc.data(), rows, d, f);
+  detail::resize_exact(r.gelu, rows * f);
+  ops::gelu_forward(a.fc.data(), r.gelu.data(), rows * f);
+  if (out == nullptr) return;
+  linear_fwd(p, kMlpProjWeight, p[kMlpProjBias], r.gelu.data(), out, rows, f, d);
   ops::add_inplace(out, a.res1.data(), rows * d);
 }
 
@@ -348,15 +350,27 @@ void GptModel<T>::backward_block(std::size_t unit, std::span<const T* const> p, 
   const Index d = idx(config_.hidden);
   const Index f = idx(config_.mlp_hidden());
   const Index len = idx(len_);
-  const BlockActs& a = blocks_[unit - 1];
   const T* in = residual_[unit - 1].data();
+  BlockActs& a = kept_acts(unit);
+  BlockActs& r = recomputed_acts(unit);
+  if (recompute_ == Recompute::full) {
+    forward_block(a, r, p, in, nullptr);
+  } else if (recompute_ == Recompute::selective) {
+    // The forward's own calls on the kept inputs: ln1 from the block's input, ln2 and GELU from res1 and fc.
+    detail::resize_exact(r.ln1, rows * d);
+    ops::layernorm_forward(in, p[kLn1Weight], p[kLn1Bias], r.ln1.data(), a.ln1_stat.data(), rows, d);
+    detail::resize_exact(r.ln2, rows * d);
+    ops::layernorm_forward(a.res1.data(), p[kLn2Weight], p[kLn2Bias], r.ln2.data(), a.ln2_stat.data(), rows, d);
+    detail::resize_exact(r.gelu, rows * f);
+    ops::gelu_forward(a.fc.data(), r.gelu.data(), rows * f);
+  }
   T* dres = dresidual_.data();  // dL/d(block output) now; dL/d(block input) when done
   // MLP branch: out = res1 + proj(gelu(fc(ln2(res1)))).
   detail::resize_exact(dwide_, rows * f);
-  linear_bwd(p, kMlpProjWeight, a.gelu.data(), dres, dwide_.data(), g[kMlpProjWeight], g[kMlpProjBias], rows, f, d);
+  linear_bwd(p, kMlpProjWeight, r.gelu.data(), dres, dwide_.data(), g[kMlpProjWeight], g[kMlpProjBias], rows, f, d);
   ops::gelu_backward(a.fc.data(), dwide_.data(), dwide_.data(), rows * f);
   detail::resize_exact(dnarrow_, rows * d);
-  linear_bwd(p, kFcWeight, a.ln2.data(), dwide_.data(), dnarrow_.data(), g[kFcWeight], g[kFcBias], rows, d, f);
+  linear_bwd(p, kFcWeight, r.ln2.data(), dwide_.data(), dnarrow_.data(), g[kFcWeight], g[kFcBias], rows, d, f);
   ops::layernorm_backward(a.res1.data(), p[kLn2Weight], a.ln2_stat.data(), dnarrow_.data(), dres, g[kLn2Weight],
                           g[kLn2Bias], rows, d);
   // Attention branch: res1 = in + proj(attention(qkv(ln1(in)))).
@@ -364,7 +378,7 @@ void GptModel<T>::backward_block(std::size_t unit, std::span<const T* const> p, 
   detail::resize_exact(dqkv_, rows * 3 * d);
   ops::flash_attention_backward(a.qkv.data(), a.att.data(), a.lse.data(), dnarrow_.data(), dqkv_.data(), idx(batch_),
                                 len, idx(config_.heads), idx(config_.head_dim()));
-  linear_bwd(p, kQkvWeight, a.ln1.data(), dqkv_.data(), dnarrow_.data(), g[kQkvWeight], g[kQkvBias], rows, d, 3 * d);
+  linear_bwd(p, kQkvWeight, r.ln1.data(), dqkv_.data(), dnarrow_.data(), g[kQkvWeight], g[kQkvBias], rows, d, 3 * d);
   ops::layernorm_backward(in, p[kLn1Weight], a.ln1_stat.data(), dnarrow_.data(), dres, g[kLn1Weight], g[kLn1Bias], rows,
                           d);
 }
@@ -391,13 +405,33 @@ void GptModel<T>::backward_embed(std::span<T* const> g) {
 }
 
 template <typename T>
+void GptModel<T>::set_recompute(Recompute mode) {
+  if (next_forward_ != 0 && next_backward_ != 0) {
+    throw UsageError("GptModel::set_recompute: called between a train pass's forward and its backward");
+  }
+  if (mode == recompute_) return;
+  recompute_ = mode;
+  // What the last mode kept is not what this one keeps: start from nothing (set_batch sizes blocks_ again).
+  blocks_.clear();
+  recomputed_ = BlockActs{};
+}
+
+template <typename T>
+std::vector<const typename GptModel<T>::BlockActs*> GptModel<T>::blocks_with(const BlockActs& extra) const {
+  std::vector<const BlockActs*> all;
+  for (const BlockActs& a : blocks_) all.push_back(&a);
+  all.push_back(&extra);
+  return all;
+}
+
+template <typename T>
 std::size_t GptModel<T>::activation_bytes() const {
   std::size_t elems = 0;
   auto add = [&](const std::vector<T>& v) { elems += v.capacity(); };
   for (const std::vector<T>& r : residual_) add(r);
-  for (const BlockActs& a : blocks_) {
+  for (const BlockActs* a : blocks_with(recomputed_)) {
     for (const std::vector<T>* v :
-         {&a.ln1, &a.ln1_stat, &a.qkv, &a.lse, &a.att, &a.res1, &a.ln2, &a.ln2_stat, &a.fc, &a.gelu}) {
+         {&a->ln1, &a->ln1_stat, &a->qkv, &a->lse, &a->att, &a->res1, &a->ln2, &a->ln2_stat, &a->fc, &a->gelu}) {
       add(*v);
     }
   }
@@ -410,7 +444,8 @@ std::size_t GptModel<T>::activation_bytes() const {
 }
 
 template <typename T>
-std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products) const {
+std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products,
+                                                  Recompute recompute) const {
   const Index d = idx(config_.hidden);
   const Index f = idx(config_.mlp_hidden());
   const Index vocab = idx(config_.vocab_size);
@@ -425,17 +460,22 @@ std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
     // ln1, att, res1, ln2; the two stats; qkv; lse; fc and gelu.
     return r * d * 4 + 2 * r * 2 + r * 3 * d + batch * heads * n + r * f * 2;
   };
+  // Selective recomputation keeps ln1, ln2 and gelu in recomputed_ only, one block's worth.
+  const bool selective = recompute == Recompute::selective;
+  const auto dropped = [&](Index r) { return selective ? r * d * 2 + r * f : 0; };
   Index elems = 0;
   for (Index u = 0; u <= layers; ++u) elems += u < 2 ? both(d) : rows * d;  // residual_: eval uses two
-  for (Index b = 0; b < layers; ++b) {
+  const Index kept_blocks = recompute == Recompute::full ? 1 : layers;
+  for (Index b = 0; b < kept_blocks; ++b) {
     if (b > 0) {
-      elems += block(rows, idx(micro_batch));
+      elems += block(rows, idx(micro_batch)) - dropped(rows);
       continue;
     }
-    // blocks_[0] serves both passes: each of its buffers at the larger size.
+    // blocks_[0] serves both passes: each of its buffers at the larger size (an eval pass keeps everything).
     const Index r = std::max(rows, eval_rows);
-    elems += block(r, std::max(idx(micro_batch), idx(eval_batch)));
+    elems += block(r, std::max(idx(micro_batch), idx(eval_batch))) - dropped(r) + dropped(eval_rows);
   }
+  elems += dropped(rows);                                  // recomputed_
   elems += both(d) + both(2) + both(vocab) + both(1);      // lnf_, lnf_stat_, logits_, losses
   elems += rows * d + rows * f + rows * d + rows * 3 * d;  // backward scratch
   std::size_t bytes = elems * sizeof(T) + 2 * std::max(rows, eval_rows) * sizeof(std::int32_t);  // tokens, targets

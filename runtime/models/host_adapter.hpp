@@ -98,6 +98,15 @@ class HostAdapter final : public UnitModel {
     }
   }
 
+  bool can_recompute(Recompute mode) const override { return kRecomputes || mode == Recompute::none; }
+  void set_recompute(Recompute mode) override {
+    if constexpr (kRecomputes) {
+      model_.set_recompute(mode);
+    } else {
+      UnitModel::set_recompute(mode);
+    }
+  }
+
   std::size_t activation_bytes() const override {
     std::size_t scratch = 0;
     for (const auto& s : param_scratch_) scratch += s.capacity() * sizeof(float);
@@ -130,15 +139,17 @@ class HostAdapter final : public UnitModel {
     for (const std::size_t n : widened) scratch += n;
     for (const std::size_t n : grads) scratch += n;
     std::size_t model = 0;
-    if constexpr (requires(const Model& m) { m.planned_activation_bytes(0, 0, 0, false); }) {
-      model = model_.planned_activation_bytes(shape.micro_batch, shape.eval_batch, shape.len, bf16_products);
+    if constexpr (requires(const Model& m) { m.planned_activation_bytes(0, 0, 0, false, Recompute::none); }) {
+      model = model_.planned_activation_bytes(shape.micro_batch, shape.eval_batch, shape.len, bf16_products,
+                                              shape.recompute);
     } else {
-      model = model_.planned_activation_bytes(shape.micro_batch, shape.eval_batch);
+      model = model_.planned_activation_bytes(shape.micro_batch, shape.eval_batch, shape.recompute);
     }
     return model + scratch * sizeof(float);
   }
 
  private:
+  static constexpr bool kRecomputes = requires(Model & m) { m.set_recompute(Recompute::full); };
   static constexpr bool kTakesBf16 = requires(const Model& m) { m.bf16_operand(std::size_t{}, std::size_t{}); };
   static constexpr std::size_t kConvertChunk = std::size_t{1} << 14;
 

@@ -179,7 +179,7 @@ void LlamaModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<co
   next_backward_ = 0;
   const std::size_t streams = pass == Pass::train ? idx(config_.layers) + 1 : 2;
   if (residual_.size() < streams) residual_.resize(streams);
-  const std::size_t sets = pass == Pass::train ? idx(config_.layers) : 1;
+  const std::size_t sets = pass == Pass::train && recompute_ != Recompute::full ? idx(config_.layers) : 1;
   if (layers_.size() < sets) layers_.resize(sets);
 }
 
@@ -251,7 +251,8 @@ void LlamaModel<T>::forward_unit(std::size_t unit, std::span<const T* const> par
   } else if (unit + 1 < num_units()) {
     std::vector<T>& out = stream(unit);
     detail::resize_exact(out, rows * d);
-    forward_layer(layers_[train ? unit - 1 : 0], params, stream(unit - 1).data(), out.data());
+    LayerActs& kept = train ? kept_acts(unit) : layers_[0];
+    forward_layer(kept, train ? recomputed_acts(unit) : kept, params, stream(unit - 1).data(), out.data());
   } else {
     forward_head(params, stream(unit - 1).data());
     if (train) next_backward_ = num_units();
@@ -260,7 +261,7 @@ void LlamaModel<T>::forward_unit(std::size_t unit, std::span<const T* const> par
 }
 
 template <typename T>
-void LlamaModel<T>::forward_layer(LayerActs& a, std::span<const T* const> p, const T* in, T* out) {
+void LlamaModel<T>::forward_layer(LayerActs& a, LayerActs& r, std::span<const T* const> p, const T* in, T* out) {
   const Index rows = idx(batch_) * idx(len_);
   const Index d = idx(config_.hidden);
   const Index f = idx(config_.intermediate);
@@ -270,15 +271,15 @@ void LlamaModel<T>::forward_layer(LayerActs& a, std::span<const T* const> p, con
   const Index dim = idx(config_.dim());
   const Index q_width = heads * dim;
   const Index kv_width = kv * dim;
-  detail::resize_exact(a.norm1, rows * d);
+  detail::resize_exact(r.norm1, rows * d);
   detail::resize_exact(a.inv1, rows);
-  ops::rmsnorm_forward(in, p[kNorm1], a.norm1.data(), a.inv1.data(), rows, d, config_.rms_norm_eps);
+  ops::rmsnorm_forward(in, p[kNorm1], r.norm1.data(), a.inv1.data(), rows, d, config_.rms_norm_eps);
   detail::resize_exact(q_, rows * q_width);
   detail::resize_exact(k_, rows * kv_width);
   detail::resize_exact(v_, rows * kv_width);
-  linear_fwd(p, kQProj, param_or_null(p, q_bias_), a.norm1.data(), q_.data(), rows, d, q_width);
-  linear_fwd(p, kKProj, param_or_null(p, k_bias_), a.norm1.data(), k_.data(), rows, d, kv_width);
-  linear_fwd(p, kVProj, param_or_null(p, v_bias_), a.norm1.data(), v_.data(), rows, d, kv_width);
+  linear_fwd(p, kQProj, param_or_null(p, q_bias_), r.norm1.data(), q_.data(), rows, d, q_width);
+  linear_fwd(p, kKProj, param_or_null(p, k_bias_), r.norm1.data(), k_.data(), rows, d, kv_width);
+  linear_fwd(p, kVProj, param_or_null(p, v_bias_), r.norm1.data(), v_.data(), rows, d, kv_width);
   detail::resize_exact(a.qkv, rows * 3 * q_width);
   ops::gqa_pack(q_.data(), k_.data(), v_.data(), a.qkv.data(), rope_cos_.data(), rope_sin_.data(), rows, len, heads, kv,
                 dim);
@@ -288,16 +289,17 @@ void LlamaModel<T>::forward_layer(LayerActs& a, std::span<const T* const> p, con
   detail::resize_exact(a.res1, rows * d);
   linear_fwd(p, kOProj, param_or_null(p, o_bias_), a.att.data(), a.res1.data(), rows, q_width, d);
   ops::add_inplace(a.res1.data(), in, rows * d);
-  detail::resize_exact(a.norm2, rows * d);
+  detail::resize_exact(r.norm2, rows * d);
   detail::resize_exact(a.inv2, rows);
-  ops::rmsnorm_forward(a.res1.data(), p[kNorm2], a.norm2.data(), a.inv2.data(), rows, d, config_.rms_norm_eps);
+  ops::rmsnorm_forward(a.res1.data(), p[kNorm2], r.norm2.data(), a.inv2.data(), rows, d, config_.rms_norm_eps);
   detail::resize_exact(a.gate, rows * f);
   detail::resize_exact(a.up, rows * f);
-  detail::resize_exact(a.swiglu, rows * f);
-  linear_fwd(p, kGateProj, nullptr, a.norm2.data(), a.gate.data(), rows, d, f);
-  linear_fwd(p, kUpProj, nullptr, a.norm2.data(), a.up.data(), rows, d, f);
-  ops::swiglu_forward(a.gate.data(), a.up.data(), a.swiglu.data(), rows * f);
-  linear_fwd(p, kDownProj, nullptr, a.swiglu.data(), out, rows, f, d);
+  detail::resize_exact(r.swiglu, rows * f);
+  linear_fwd(p, kGateProj, nullptr, r.norm2.data(), a.gate.data(), rows, d, f);
+  linear_fwd(p, kUpProj, nullptr, r.norm2.data(), a.up.data(), rows, d, f);
+  ops::swiglu_forward(a.gate.data(), a.up.data(), r.swiglu.data(), rows * f);
+  if (out == nullptr) return;
+  linear_fwd(p, kDownProj, nullptr, r.swiglu.data(), out, rows, f, d);
   ops::add_inplace(out, a.res1.data(), rows * d);
 }
 
@@ -374,17 +376,30 @@ void LlamaModel<T>::backward_layer(std::size_t unit, std::span<const T* const> p
   const Index dim = idx(config_.dim());
   const Index q_width = heads * dim;
   const Index kv_width = kv * dim;
-  const LayerActs& a = layers_[unit - 1];
   const T* in = residual_[unit - 1].data();
+  LayerActs& a = kept_acts(unit);
+  LayerActs& r = recomputed_acts(unit);
+  if (recompute_ == Recompute::full) {
+    forward_layer(a, r, p, in, nullptr);
+  } else if (recompute_ == Recompute::selective) {
+    // The forward's own calls on the kept inputs: norm1 from the layer's input, norm2 from res1, SwiGLU
+    // from gate and up.
+    detail::resize_exact(r.norm1, rows * d);
+    ops::rmsnorm_forward(in, p[kNorm1], r.norm1.data(), a.inv1.data(), rows, d, config_.rms_norm_eps);
+    detail::resize_exact(r.norm2, rows * d);
+    ops::rmsnorm_forward(a.res1.data(), p[kNorm2], r.norm2.data(), a.inv2.data(), rows, d, config_.rms_norm_eps);
+    detail::resize_exact(r.swiglu, rows * f);
+    ops::swiglu_forward(a.gate.data(), a.up.data(), r.swiglu.data(), rows * f);
+  }
   T* dres = dresidual_.data();  // dL/d(layer output) now; dL/d(layer input) when done
   // MLP branch: out = res1 + down(silu(gate(norm2)) * up(norm2)).
   detail::resize_exact(dgate_, rows * f);
   detail::resize_exact(dup_, rows * f);
-  linear_bwd(p, kDownProj, a.swiglu.data(), dres, dgate_.data(), false, g[kDownProj], nullptr, rows, f, d);
+  linear_bwd(p, kDownProj, r.swiglu.data(), dres, dgate_.data(), false, g[kDownProj], nullptr, rows, f, d);
   ops::swiglu_backward(a.gate.data(), a.up.data(), dgate_.data(), dgate_.data(), dup_.data(), rows * f);
   detail::resize_exact(dnarrow_, rows * std::max(d, q_width));
-  linear_bwd(p, kGateProj, a.norm2.data(), dgate_.data(), dnarrow_.data(), false, g[kGateProj], nullptr, rows, d, f);
-  linear_bwd(p, kUpProj, a.norm2.data(), dup_.data(), dnarrow_.data(), true, g[kUpProj], nullptr, rows, d, f);
+  linear_bwd(p, kGateProj, r.norm2.data(), dgate_.data(), dnarrow_.data(), false, g[kGateProj], nullptr, rows, d, f);
+  linear_bwd(p, kUpProj, r.norm2.data(), dup_.data(), dnarrow_.data(), true, g[kUpProj], nullptr, rows, d, f);
   ops::rmsnorm_backward(a.res1.data(), p[kNorm2], a.inv2.data(), dnarrow_.data(), dres, g[kNorm2], rows, d);
   // Attention branch: res1 = in + o_proj(attention(rope(q), rope(k), v)), q, k, v projections of norm1.
   linear_bwd(p, kOProj, a.att.data(), dres, dnarrow_.data(), false, g[kOProj], grad_or_null(g, o_bias_), rows, q_width,
@@ -397,11 +412,11 @@ void LlamaModel<T>::backward_layer(std::size_t unit, std::span<const T* const> p
   detail::resize_exact(v_, rows * kv_width);
   ops::gqa_unpack(dqkv_.data(), q_.data(), k_.data(), v_.data(), rope_cos_.data(), rope_sin_.data(), rows, len, heads,
                   kv, dim);
-  linear_bwd(p, kQProj, a.norm1.data(), q_.data(), dnarrow_.data(), false, g[kQProj], grad_or_null(g, q_bias_), rows, d,
+  linear_bwd(p, kQProj, r.norm1.data(), q_.data(), dnarrow_.data(), false, g[kQProj], grad_or_null(g, q_bias_), rows, d,
              q_width);
-  linear_bwd(p, kKProj, a.norm1.data(), k_.data(), dnarrow_.data(), true, g[kKProj], grad_or_null(g, k_bias_), rows, d,
+  linear_bwd(p, kKProj, r.norm1.data(), k_.data(), dnarrow_.data(), true, g[kKProj], grad_or_null(g, k_bias_), rows, d,
              kv_width);
-  linear_bwd(p, kVProj, a.norm1.data(), v_.data(), dnarrow_.data(), true, g[kVProj], grad_or_null(g, v_bias_), rows, d,
+  linear_bwd(p, kVProj, r.norm1.data(), v_.data(), dnarrow_.data(), true, g[kVProj], grad_or_null(g, v_bias_), rows, d,
              kv_width);
   ops::rmsnorm_backward(in, p[kNorm1], a.inv1.data(), dnarrow_.data(), dres, g[kNorm1], rows, d);
 }
@@ -423,13 +438,28 @@ void LlamaModel<T>::backward_embed(std::span<T* const> g) {
 }
 
 template <typename T>
+void LlamaModel<T>::set_recompute(Recompute mode) {
+  if (next_forward_ != 0 && next_backward_ != 0) {
+    throw UsageError("LlamaModel::set_recompute: called between a train pass's forward and its backward");
+  }
+  if (mode == recompute_) return;
+  recompute_ = mode;
+  // What the last mode kept is not what this one keeps: start from nothing (set_batch sizes layers_ again).
+  layers_.clear();
+  recomputed_ = LayerActs{};
+}
+
+template <typename T>
 std::size_t LlamaModel<T>::activation_bytes() const {
   std::size_t elems = 0;
   auto add = [&](const std::vector<T>& v) { elems += v.capacity(); };
   for (const std::vector<T>& r : residual_) add(r);
-  for (const LayerActs& a : layers_) {
-    for (const std::vector<T>* v :
-         {&a.norm1, &a.inv1, &a.qkv, &a.lse, &a.att, &a.res1, &a.norm2, &a.inv2, &a.gate, &a.up, &a.swiglu}) {
+  std::vector<const LayerActs*> sets;
+  for (const LayerActs& a : layers_) sets.push_back(&a);
+  sets.push_back(&recomputed_);
+  for (const LayerActs* a : sets) {
+    for (const std::vector<T>* v : {&a->norm1, &a->inv1, &a->qkv, &a->lse, &a->att, &a->res1, &a->norm2, &a->inv2,
+                                    &a->gate, &a->up, &a->swiglu}) {
       add(*v);
     }
   }
@@ -442,8 +472,8 @@ std::size_t LlamaModel<T>::activation_bytes() const {
 }
 
 template <typename T>
-std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, int len,
-                                                    bool bf16_products) const {
+std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products,
+                                                    Recompute recompute) const {
   const Index d = idx(config_.hidden);
   const Index f = idx(config_.intermediate);
   const Index vocab = idx(config_.vocab_size);
@@ -459,12 +489,19 @@ std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_ba
     // norm1, res1, norm2; inv1, inv2; qkv; lse; att; gate, up, swiglu.
     return r * d * 3 + r * 2 + r * 3 * q_width + batch * heads * n + r * q_width + r * f * 3;
   };
+  // Selective recomputation keeps norm1, norm2 and swiglu in recomputed_ only, one layer's worth.
+  const bool selective = recompute == Recompute::selective;
+  const auto dropped = [&](Index r) { return selective ? r * d * 2 + r * f : 0; };
   Index elems = 0;
   for (Index u = 0; u <= layers; ++u) elems += u < 2 ? both(d) : rows * d;
-  for (Index b = 0; b < layers; ++b) {
-    elems += b > 0 ? layer(rows, idx(micro_batch))
-                   : layer(std::max(rows, eval_rows), std::max(idx(micro_batch), idx(eval_batch)));
+  const Index kept_layers = recompute == Recompute::full ? 1 : layers;
+  for (Index b = 0; b < kept_layers; ++b) {
+    // layers_[0] serves both passes: each of its buffers at the larger size (an eval pass keeps everything).
+    const Index r = std::max(rows, eval_rows);
+    elems += b > 0 ? layer(rows, idx(micro_batch)) - dropped(rows)
+                   : layer(r, std::max(idx(micro_batch), idx(eval_batch))) - dropped(r) + dropped(eval_rows);
   }
+  elems += dropped(rows);                                          // recomputed_
   elems += both(d) + both(1) + both(vocab) + both(1);              // normf_, invf_, logits_, losses
   elems += both(q_width) + 2 * both(kv_width);                     // q_, k_, v_
   elems += rows * d + rows * std::max(d, q_width) + 2 * rows * f;  // dresidual_, dnarrow_, dgate_, dup_

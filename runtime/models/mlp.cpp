@@ -128,7 +128,7 @@ void MlpModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<cons
   has_batch_ = true;
   next_forward_ = 0;
   next_backward_ = 0;
-  const std::size_t pre_sets = pass == Pass::train ? idx(config_.layers) : 1;
+  const std::size_t pre_sets = pass == Pass::train && recompute_ != Recompute::full ? idx(config_.layers) : 1;
   const std::size_t post_sets = pass == Pass::train ? idx(config_.layers) : 2;
   if (pre_.size() < pre_sets) pre_.resize(pre_sets);
   if (post_.size() < post_sets) post_.resize(post_sets);
@@ -183,7 +183,7 @@ void MlpModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
   } else if (unit + 1 < num_units()) {
     const std::size_t layer = unit - 1;
     const Index in = layer == 0 ? idx(config_.input_width()) : d;
-    std::vector<T>& pre = pre_[train ? layer : 0];
+    std::vector<T>& pre = pre_[train && recompute_ != Recompute::full ? layer : 0];
     detail::resize_exact(pre, rows * d);
     detail::resize_exact(post_[train ? layer : layer % 2], rows * d);
     ops::linear_forward(layer_input(layer), params[0], params[1], pre.data(), rows, in, d);
@@ -233,8 +233,13 @@ void MlpModel<T>::backward_unit(std::size_t unit, std::span<const T* const> para
   } else if (unit > 0) {
     const std::size_t layer = unit - 1;
     const Index in = layer == 0 ? idx(config_.input_width()) : d;
+    const T* pre = pre_[recompute_ == Recompute::full ? 0 : layer].data();
+    if (recompute_ == Recompute::full) {
+      // The forward's own product again, into the one buffer all layers share.
+      ops::linear_forward(layer_input(layer), params[0], params[1], pre_[0].data(), rows, in, d);
+    }
     detail::resize_exact(dpre_, rows * d);
-    ops::gelu_backward(pre_[layer].data(), dpost_.data(), dpre_.data(), rows * d);
+    ops::gelu_backward(pre, dpost_.data(), dpre_.data(), rows * d);
     // dpost_ now becomes dL/d(this layer's input): the previous layer's output, or the embeddings.
     T* dx = dpost_.data();
     if (layer == 0) {
@@ -254,6 +259,16 @@ void MlpModel<T>::backward_unit(std::size_t unit, std::span<const T* const> para
 }
 
 template <typename T>
+void MlpModel<T>::set_recompute(Recompute mode) {
+  if (next_forward_ != 0 && next_backward_ != 0) {
+    throw UsageError("MlpModel::set_recompute: called between a train pass's forward and its backward");
+  }
+  if (mode == recompute_) return;
+  recompute_ = mode;
+  pre_.clear();  // set_batch sizes it again for this mode
+}
+
+template <typename T>
 std::size_t MlpModel<T>::activation_bytes() const {
   std::size_t elems = embed_.capacity() + logits_.capacity() + position_loss_.capacity() + dpost_.capacity() +
                       dpre_.capacity() + dembed_.capacity();
@@ -263,17 +278,18 @@ std::size_t MlpModel<T>::activation_bytes() const {
 }
 
 template <typename T>
-std::size_t MlpModel<T>::planned_activation_bytes(int micro_batch, int eval_batch) const {
+std::size_t MlpModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, Recompute recompute) const {
   const Index rows = idx(micro_batch);
   const Index eval_rows = idx(eval_batch);
   const Index both = std::max(rows, eval_rows);
   const Index d = idx(config_.hidden);
   const Index in = idx(config_.input_width());
   const Index layers = idx(config_.layers);
-  Index elems = both * in + both * idx(config_.vocab_size) + both;         // embed_, logits_, losses
-  for (Index l = 0; l < layers; ++l) elems += (l == 0 ? both : rows) * d;  // pre_: eval uses the first
-  for (Index l = 0; l < layers; ++l) elems += (l < 2 ? both : rows) * d;   // post_: eval uses two
-  elems += rows * d + rows * d + rows * in;                                // dpost_, dpre_, dembed_
+  Index elems = both * in + both * idx(config_.vocab_size) + both;  // embed_, logits_, losses
+  const Index pre_sets = recompute == Recompute::full ? 1 : layers;
+  for (Index l = 0; l < pre_sets; ++l) elems += (l == 0 ? both : rows) * d;  // pre_: eval uses the first
+  for (Index l = 0; l < layers; ++l) elems += (l < 2 ? both : rows) * d;     // post_: eval uses two
+  elems += rows * d + rows * d + rows * in;                                  // dpost_, dpre_, dembed_
   return elems * sizeof(T) + (both * idx(config_.context) + both) * sizeof(std::int32_t);
 }
 

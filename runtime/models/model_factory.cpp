@@ -115,7 +115,13 @@ std::int64_t predictions_per_window(const config::ModelSettings& model) {
 std::unique_ptr<UnitModel> make_train_model(const config::ModelSettings& model, Device& device) {
   const TrainModelEntry& e = entry(model);
   e.validate(model);
-  return e.build(model, device);
+  std::unique_ptr<UnitModel> built = e.build(model, device);
+  if (!built->can_recompute(model.activation_checkpointing)) {
+    throw ConfigError(fmt::format("zero3.model.activation_checkpointing: \"{}\" is not implemented for the {}",
+                                  to_string(model.activation_checkpointing), built->describe()));
+  }
+  built->set_recompute(model.activation_checkpointing);
+  return built;
 }
 
 }  // namespace zero3::models

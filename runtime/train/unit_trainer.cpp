@@ -74,7 +74,8 @@ void UnitTrainer::check_memory(const config::Config& config, const comm::World& 
       .micro_batch = static_cast<int>(config.batch.train_micro_batch_size_per_gpu),
       .eval_batch = check.eval_batch,
       .len = check.len,
-      .params = config.model_dtype()};
+      .params = config.model_dtype(),
+      .recompute = config.zero3.model ? config.zero3.model->activation_checkpointing : Recompute::none};
   plan_ = plan_memory(
       model_->units(), config,
       {.ranks_per_node = world.local_size,

@@ -66,3 +66,13 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
                    $<TARGET_FILE:llama_logits> ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
   set_tests_properties(mpi.hf_llama PROPERTIES LABELS "mpi" TIMEOUT 600 PROCESSORS 2)
 endif()
+
+# Activation checkpointing through `zero3 train` (tests/mpi/recompute_cli_test.sh): full and selective train
+# bitwise like none (losses and the final checkpoint's bytes) for the GPT, Llama and MLP, fp32 and bf16, at world
+# sizes 1 and 2, and hold fewer activations. Not under sanitizers: dozens of short runs.
+if(TARGET zero3 AND NOT ZERO3_SANITIZE)
+  add_test(NAME mpi.recompute_cli
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/recompute_cli_test.sh $<TARGET_FILE:zero3>
+                   ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
+  set_tests_properties(mpi.recompute_cli PROPERTIES LABELS "mpi" TIMEOUT 900)
+endif()

@@ -73,7 +73,8 @@ void run_plan(const PlanOptions& o) {
       .micro_batch = static_cast<int>(cfg.batch.train_micro_batch_size_per_gpu),
       .eval_batch = heldout_batch_per_rank(cfg, o.train, o.world_size),
       .len = static_cast<int>(ms.seq_len),
-      .params = cfg.model_dtype()};
+      .params = cfg.model_dtype(),
+      .recompute = ms.activation_checkpointing};
   // zero3.device (--device overrides it): "auto" plans for a GPU where this machine has one.
   const bool cuda = cfg.zero3.device == config::DeviceChoice::cuda ||
                     (cfg.zero3.device == config::DeviceChoice::automatic && cuda_device_count() > 0);

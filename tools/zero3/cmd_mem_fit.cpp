@@ -61,7 +61,8 @@ class Fitter {
         .micro_batch = static_cast<int>(c.batch.train_micro_batch_size_per_gpu),
         .eval_batch = eval_batch_,
         .len = static_cast<int>(c.zero3.model->seq_len),
-        .params = c.model_dtype()};
+        .params = c.model_dtype(),
+        .recompute = c.zero3.model->activation_checkpointing};
     MemoryPlanOptions options;
     options.device = DeviceKind::cuda;
     options.ranks_per_node = std::min(o_.world_size, 8);

@@ -63,8 +63,9 @@ void add_train_config_options(CLI::App& cmd, TrainConfigOptions& o) {
   cmd.add_option("--heldout-samples", o.heldout_samples,
                  "Held-out windows measured at each log line (default: 4096 predicted tokens' worth)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
-  for (const char* key : {"model.type", "model.layers", "model.hidden_size", "model.heads", "model.vocab_size",
-                          "model.seq_len", "data.source", "data.markov_order", "seed", "device"}) {
+  for (const char* key :
+       {"model.type", "model.layers", "model.hidden_size", "model.heads", "model.vocab_size", "model.seq_len",
+        "model.activation_checkpointing", "data.source", "data.markov_order", "seed", "device"}) {
     cmd.add_option_function<std::string>(
         fmt::format("--{}", key), [&o, k = std::string(key)](const std::string& v) { o.overrides[k] = v; },
         fmt::format("Override zero3.{}", key));

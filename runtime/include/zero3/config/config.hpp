@@ -15,6 +15,7 @@
 
 #include "zero3/config/schema.hpp"
 #include "zero3/core/dtype.hpp"
+#include "zero3/core/recompute.hpp"
 
 namespace zero3::config {
 
@@ -272,6 +273,8 @@ struct ModelSettings {
   std::string hf_config;  // the config.json the shape was read from, "" when none
   // Initial weights from a safetensors checkpoint (a file or a directory), "" for the params' own init.
   std::string init_from;
+  Recompute activation_checkpointing =
+      row_enum<Recompute, Recompute::selective>(blocks::zero3_model, "activation_checkpointing");
 };
 
 struct DataSettings {

@@ -105,12 +105,21 @@ class GptModel {
   void backward_unit(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads, T seed_scale,
                      std::span<const bf16_t* const> params16 = {});
 
+  // Activation checkpointing for the next train passes (set between passes): Recompute::full keeps only each
+  // block's input (the residual stream) and runs the block's forward again inside its backward, in one block's
+  // buffers; Recompute::selective keeps the products' and attention's outputs and recomputes the two
+  // LayerNorms and GELU. The recomputation repeats the forward's calls, so the gradients are bitwise those of
+  // Recompute::none.
+  void set_recompute(Recompute mode);
+  Recompute recompute() const { return recompute_; }
+
   // Bytes of the activations and scratch this model holds now (allocated capacity): what a train pass
   // keeps from forward to backward dominates; for the memory tracker's activations category.
   std::size_t activation_bytes() const;
   // What activation_bytes() reports after train passes of `micro_batch` sequences and held-out passes of
   // `eval_batch` (0: none) of `len` tokens; `bf16_products`: the linear layers take bf16 operands.
-  std::size_t planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products) const;
+  std::size_t planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products,
+                                       Recompute recompute = Recompute::none) const;
 
  private:
   // What one block keeps from forward for its backward; rows = batch * len.
@@ -137,7 +146,16 @@ class GptModel {
   void linear_bwd(std::span<const T* const> p, std::size_t k, const T* x, const T* dy, T* dx, T* dw, T* dbias,
                   std::size_t rows, std::size_t in, std::size_t out);
   void forward_embed(std::span<const T* const> params, T* out);
-  void forward_block(BlockActs& acts, std::span<const T* const> params, const T* in, T* out);
+  // The block's forward into `acts`, except what `recomputed` takes (ln1, ln2 and gelu; the same object when
+  // everything is kept); out == nullptr stops after the MLP's activation (what a backward recomputes).
+  void forward_block(BlockActs& acts, BlockActs& recomputed, std::span<const T* const> params, const T* in, T* out);
+  // Every block's buffers and `extra`, for counting.
+  std::vector<const BlockActs*> blocks_with(const BlockActs& extra) const;
+  // Where block `unit`'s forward keeps what it keeps, and where what it recomputes goes.
+  BlockActs& kept_acts(std::size_t unit) { return recompute_ == Recompute::full ? blocks_[0] : blocks_[unit - 1]; }
+  BlockActs& recomputed_acts(std::size_t unit) {
+    return recompute_ == Recompute::selective ? recomputed_ : kept_acts(unit);
+  }
   void forward_head(std::span<const T* const> params, const T* in);
   void backward_embed(std::span<T* const> grads);
   void backward_block(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads);
@@ -155,11 +173,13 @@ class GptModel {
   // Train: residual_[u] is the input of unit u (residual_[num_units-1] feeds the head). Eval: only
   // residual_[0] and residual_[1] are used, in turn.
   std::vector<std::vector<T>> residual_;
-  std::vector<BlockActs> blocks_;  // train: one per block; eval: one, reused
-  std::vector<T> lnf_;             // [rows, hidden] final LayerNorm output
-  std::vector<T> lnf_stat_;        // [rows, 2]
-  std::vector<T> logits_;          // [rows, vocab]
-  std::vector<T> position_loss_;   // [rows]
+  std::vector<BlockActs> blocks_;  // train: one per block (Recompute::full: one, reused); eval: one, reused
+  BlockActs recomputed_;           // Recompute::selective: ln1, ln2 and gelu of the block in hand
+  Recompute recompute_ = Recompute::none;
+  std::vector<T> lnf_;            // [rows, hidden] final LayerNorm output
+  std::vector<T> lnf_stat_;       // [rows, 2]
+  std::vector<T> logits_;         // [rows, vocab]
+  std::vector<T> position_loss_;  // [rows]
   T loss_ = 0;
 
   // Backward scratch: the gradient flowing into the residual stream, and per-block temporaries.

@@ -84,8 +84,16 @@ class LlamaModel {
   void backward_unit(std::size_t unit, std::span<const T* const> params, std::span<T* const> grads, T seed_scale,
                      std::span<const bf16_t* const> params16 = {});
 
+  // Activation checkpointing, as GptModel::set_recompute: Recompute::full keeps each layer's input and runs the
+  // layer's forward again in its backward; Recompute::selective keeps the products' and attention's outputs
+  // (q, k, v rotated and packed, att, res1, gate, up) and recomputes the two RMSNorms and SwiGLU. Bitwise the
+  // gradients of Recompute::none.
+  void set_recompute(Recompute mode);
+  Recompute recompute() const { return recompute_; }
+
   std::size_t activation_bytes() const;
-  std::size_t planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products) const;
+  std::size_t planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products,
+                                       Recompute recompute = Recompute::none) const;
 
  private:
   struct LayerActs {
@@ -112,7 +120,13 @@ class LlamaModel {
                   T* dbias, std::size_t rows, std::size_t in, std::size_t out);
   const T* param_or_null(std::span<const T* const> p, int k) const;
   T* grad_or_null(std::span<T* const> g, int k) const;
-  void forward_layer(LayerActs& a, std::span<const T* const> p, const T* in, T* out);
+  // The layer's forward into `a`, except what `r` takes (norm1, norm2, swiglu; the same object when everything
+  // is kept); out == nullptr stops after SwiGLU (what a backward recomputes).
+  void forward_layer(LayerActs& a, LayerActs& r, std::span<const T* const> p, const T* in, T* out);
+  LayerActs& kept_acts(std::size_t unit) { return recompute_ == Recompute::full ? layers_[0] : layers_[unit - 1]; }
+  LayerActs& recomputed_acts(std::size_t unit) {
+    return recompute_ == Recompute::selective ? recomputed_ : kept_acts(unit);
+  }
   void forward_head(std::span<const T* const> p, const T* in);
   void backward_layer(std::size_t unit, std::span<const T* const> p, std::span<T* const> g);
   void backward_head(std::span<const T* const> p, std::span<T* const> g, T seed_scale);
@@ -135,6 +149,8 @@ class LlamaModel {
 
   std::vector<std::vector<T>> residual_;  // as GptModel: train keeps each unit's input, eval alternates two
   std::vector<LayerActs> layers_;
+  LayerActs recomputed_;  // Recompute::selective: norm1, norm2 and swiglu of the layer in hand
+  Recompute recompute_ = Recompute::none;
   std::vector<T> normf_;
   std::vector<T> invf_;
   std::vector<T> logits_;

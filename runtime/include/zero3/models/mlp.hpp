@@ -84,7 +84,13 @@ class MlpModel {
   std::size_t activation_bytes() const;
   // What activation_bytes() reports after train passes of `micro_batch` windows and held-out passes of
   // `eval_batch` (0: none).
-  std::size_t planned_activation_bytes(int micro_batch, int eval_batch) const;
+  std::size_t planned_activation_bytes(int micro_batch, int eval_batch, Recompute recompute = Recompute::none) const;
+
+  // Activation checkpointing, as GptModel::set_recompute: Recompute::full keeps each layer's output (the next
+  // layer's input) and recomputes its pre-activation product in backward, in one layer's buffer;
+  // Recompute::selective keeps everything, as none does (a layer's only intermediate is a product's output).
+  void set_recompute(Recompute mode);
+  Recompute recompute() const { return recompute_; }
 
  private:
   void check_call(const char* what, std::size_t unit, std::size_t params, const T* const* ptrs) const;
@@ -111,6 +117,7 @@ class MlpModel {
   std::vector<T> dpost_;
   std::vector<T> dpre_;
   std::vector<T> dembed_;
+  Recompute recompute_ = Recompute::none;
 };
 
 extern template class MlpModel<float>;

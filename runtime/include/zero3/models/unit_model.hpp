@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "zero3/core/buffer_view.hpp"
+#include "zero3/core/error.hpp"
 #include "zero3/core/memory.hpp"
+#include "zero3/core/recompute.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/units/unit_spec.hpp"
 
@@ -52,6 +54,18 @@ class UnitModel {
   virtual void backward_unit(std::size_t unit, std::span<const BufferView> params, std::span<const BufferView> grads,
                              float seed_scale, Stream& stream) = 0;
 
+  // Activation checkpointing (zero3/core/recompute.hpp): whether the model can run `mode`, and the switch,
+  // made between passes. A mode changes what is kept from forward to backward, never the results: a model
+  // that offers full or selective recomputation gives bitwise the gradients of Recompute::none. The default
+  // offers none but Recompute::none.
+  virtual bool can_recompute(Recompute mode) const { return mode == Recompute::none; }
+  virtual void set_recompute(Recompute mode) {
+    if (mode != Recompute::none) {
+      throw UsageError(describe() + " cannot recompute its activations (activation checkpointing \"" +
+                       std::string(to_string(mode)) + "\")");
+    }
+  }
+
   // Bytes of activations and scratch the model holds now, and where they live (for the memory report's
   // activations category). Called on the calling thread while work enqueued on the stream may still run:
   // it must read only what the calling thread sets (sizes fixed by set_batch, not by enqueued work).
@@ -67,6 +81,7 @@ class UnitModel {
     int eval_batch = 0;
     int len = 0;
     DType params = DType::f32;
+    Recompute recompute = Recompute::none;
   };
   virtual std::size_t planned_activation_bytes(const ActivationShape& shape) const {
     (void)shape;
