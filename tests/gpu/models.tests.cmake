@@ -4,7 +4,7 @@ if(TARGET zero3_models_cuda)
   zero3_gpu_test(gpt_cuda SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpt_cuda.cpp LIBS zero3_models_cuda zero3_models
                  zero3_device fmt::fmt)
 endif()
-# The CUDA Llama's kernels against llama_ops (reads runtime/models and runtime/models/cuda headers
+# The CUDA Llama's kernels against llama_ops, the CUDA tiled attention against the host's, (reads runtime/models and runtime/models/cuda headers
 # through zero3_models_cuda_internals), and the model against the host LlamaModel<double>: loss and every gradient with grouped-query
 # attention, with and without biases, fp32, bf16 and fp16; a tied output matrix; eval passes, causality,
 # planned activation bytes and the calling contract (skipped without a device).

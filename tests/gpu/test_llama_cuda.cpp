@@ -15,6 +15,8 @@
 #include <random>
 #include <vector>
 
+#include "flash_attention.cuh"
+#include "flash_attention.hpp"
 #include "kernel_test_util.hpp"
 #include "llama_ops.hpp"
 #include "model_test_rig.hpp"
@@ -186,6 +188,50 @@ TEST_CASE("cuda llama kernels: swiglu forward and backward match llama_ops", "[m
   gpu::swiglu_backward(native(g), f32(gate_dev), f32(up_dev), f32(dgate_dev), f32(dgate_dev), f32(dup_dev), n);
   check_tensor("dgate", g.download(dgate_dev), as_double(dgate), kKernelTol);
   check_tensor("dup", g.download(dup_dev), as_double(dup), kKernelTol);
+}
+
+TEST_CASE("cuda attention: the tiled kernels match the host's tiled attention, the same bits on every run",
+          "[models][gpu]") {
+  // Lengths below, at and across the host's tile and the warp width; head_dim below the warp, at two warps and
+  // an odd width (lanes idle in the last pass); every output element written (the buffers start as NaN).
+  const int len = GENERATE(1, 33, 130);
+  const int head_dim = GENERATE(8, 64, 72);
+  const int batch = 2, heads = 3;
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("len " << len << ", head_dim " << head_dim << ", seed " << seed);
+  std::mt19937_64 rng(seed);
+  Gpu g;
+  const std::size_t rows = static_cast<std::size_t>(batch) * static_cast<std::size_t>(len);
+  const std::size_t d = static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim);
+  const std::size_t lse_count = static_cast<std::size_t>(batch) * heads * static_cast<std::size_t>(len);
+  const std::vector<double> qkv = random_values(rng, rows * 3 * d, 0.0, 1.0);
+  const std::vector<double> datt = random_values(rng, rows * d, 0.0, 1.0);
+  const std::vector<float> qkvf = as_float(qkv);
+  const std::vector<float> dattf = as_float(datt);
+  std::vector<float> att(rows * d), lse(lse_count), dqkv(rows * 3 * d);
+  const auto n = [](int v) { return static_cast<std::size_t>(v); };
+  ops::flash_attention_forward(qkvf.data(), lse.data(), att.data(), n(batch), n(len), n(heads), n(head_dim));
+  ops::flash_attention_backward(qkvf.data(), att.data(), lse.data(), dattf.data(), dqkv.data(), n(batch), n(len),
+                                n(heads), n(head_dim));
+
+  Buffer qkv_dev = g.upload(qkv, DType::f32);
+  Buffer datt_dev = g.upload(datt, DType::f32);
+  Buffer att_dev = poisoned(g, att.size());
+  Buffer lse_dev = poisoned(g, lse.size());
+  Buffer delta_dev = poisoned(g, lse.size());
+  gpu::flash_attention_forward(native(g), f32(qkv_dev), f32(lse_dev), f32(att_dev), batch, len, heads, head_dim);
+  check_tensor("att", g.download(att_dev), as_double(att), kKernelTol);
+  check_tensor("lse", g.download(lse_dev), as_double(lse), kKernelTol);
+  std::vector<std::vector<double>> runs;  // fp32 values, exact as doubles: equal means the same bits
+  for (int run = 0; run < 2; ++run) {
+    Buffer dqkv_dev = poisoned(g, dqkv.size());
+    gpu::flash_attention_backward(native(g), f32(qkv_dev), f32(att_dev), f32(lse_dev), f32(datt_dev), f32(dqkv_dev),
+                                  f32(delta_dev), batch, len, heads, head_dim);
+    runs.push_back(g.download(dqkv_dev));
+  }
+  // Sums over up to len terms in another order than the host's tiles: a few more ulps than a kernel of one row.
+  check_tensor("dqkv", runs[0], as_double(dqkv), 4 * kKernelTol);
+  CHECK(runs[0] == runs[1]);
 }
 
 TEST_CASE("cuda llama kernels: gqa pack and unpack with rotary embeddings match llama_ops", "[models][gpu]") {

@@ -11,8 +11,8 @@
 #include <numeric>
 #include <utility>
 
-#include "attention_softmax.cuh"
 #include "cast.cuh"  // zero3::kernels::gpu::launch_cast (kernels/cuda_common)
+#include "flash_attention.cuh"
 #include "linear_aux.cuh"
 #include "zero3/core/error.hpp"
 #include "zero3_cuda_check.hpp"
@@ -357,100 +357,13 @@ void CudaDecoder::linear_backward(cudaStream_t stream, const float* x, const Buf
   if (dbias != nullptr) bias_grad(stream, dbias->dtype, dy_f32, dbias->data, r, out);
 }
 
-void CudaDecoder::attention_forward(cudaStream_t stream, const AttentionTensors& t, DType weight_dtype) const {
-  const AttentionGroups ag(batch_, len_, t.heads, t.head_dim);
-  const int width = t.heads * t.head_dim;
-  const cublasComputeType_t compute = weight_dtype == DType::f32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
-  GemmArgs scores;  // S = Q K^T / sqrt(head_dim)
-  scores.trans_b = true;
-  scores.m = len_;
-  scores.n = len_;
-  scores.k = t.head_dim;
-  scores.alpha = 1.0f / std::sqrt(static_cast<float>(t.head_dim));
-  scores.lda = 3 * width;
-  scores.ldb = 3 * width;
-  scores.ldc = len_;
-  scores.compute = compute;
-  for (int grp = 0; grp < ag.groups; ++grp) {
-    const float* q = t.qkv + ag.qkv_offset(grp);
-    gemm_strided_batched(cublas_->get(), scores, Operand{q}, ag.qkv_stride(), Operand{q + width}, ag.qkv_stride(),
-                         t.prob + ag.prob_offset(grp), ag.prob_stride(), ag.count);
-  }
-  causal_softmax_forward(stream, t.prob, batch_ * t.heads, len_);
-  GemmArgs mix;  // A = P V
-  mix.m = len_;
-  mix.n = t.head_dim;
-  mix.k = len_;
-  mix.lda = len_;
-  mix.ldb = 3 * width;
-  mix.ldc = width;
-  mix.compute = compute;
-  for (int grp = 0; grp < ag.groups; ++grp) {
-    const float* v = t.qkv + ag.qkv_offset(grp) + 2 * sz(width);
-    gemm_strided_batched(cublas_->get(), mix, Operand{t.prob + ag.prob_offset(grp)}, ag.prob_stride(), Operand{v},
-                         ag.qkv_stride(), t.att + ag.att_offset(grp), ag.att_stride(), ag.count);
-  }
+void CudaDecoder::attention_forward(cudaStream_t stream, const AttentionTensors& t) const {
+  flash_attention_forward(stream, t.qkv, t.lse, t.att, batch_, len_, t.heads, t.head_dim);
 }
 
 void CudaDecoder::attention_backward(cudaStream_t stream, const AttentionTensors& t, const float* datt, float* dqkv,
-                                     float* dprob, DType weight_dtype) const {
-  const AttentionGroups ag(batch_, len_, t.heads, t.head_dim);
-  const int width = t.heads * t.head_dim;
-  const int hd = t.head_dim;
-  const long long square = static_cast<long long>(len_) * len_;
-  const cublasComputeType_t compute = weight_dtype == DType::f32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-
-  GemmArgs dp;  // dP = dA V^T
-  dp.trans_b = true;
-  dp.m = len_;
-  dp.n = len_;
-  dp.k = hd;
-  dp.lda = width;
-  dp.ldb = 3 * width;
-  dp.ldc = len_;
-  dp.compute = compute;
-  GemmArgs dv;  // dV = P^T dA
-  dv.trans_a = true;
-  dv.m = len_;
-  dv.n = hd;
-  dv.k = len_;
-  dv.lda = len_;
-  dv.ldb = width;
-  dv.ldc = 3 * width;
-  dv.compute = compute;
-  GemmArgs dq;  // dQ = dS K / sqrt(head_dim)
-  dq.m = len_;
-  dq.n = hd;
-  dq.k = len_;
-  dq.alpha = scale;
-  dq.lda = len_;
-  dq.ldb = 3 * width;
-  dq.ldc = 3 * width;
-  dq.compute = compute;
-  GemmArgs dk = dq;  // dK = dS^T Q / sqrt(head_dim)
-  dk.trans_a = true;
-
-  for (int grp = 0; grp < ag.groups; ++grp) {
-    const std::size_t qo = ag.qkv_offset(grp);
-    const float* q = t.qkv + qo;
-    const float* k = q + width;
-    const float* v = q + 2 * sz(width);
-    float* dqp = dqkv + qo;
-    float* dkp = dqp + width;
-    float* dvp = dqp + 2 * sz(width);
-    const float* p = t.prob + ag.prob_offset(grp);
-    const float* da = datt + ag.att_offset(grp);
-    gemm_strided_batched(cublas_->get(), dp, Operand{da}, ag.att_stride(), Operand{v}, ag.qkv_stride(), dprob, square,
-                         ag.count);
-    gemm_strided_batched(cublas_->get(), dv, Operand{p}, ag.prob_stride(), Operand{da}, ag.att_stride(), dvp,
-                         ag.qkv_stride(), ag.count);
-    causal_softmax_backward(stream, p, ag.prob_stride(), dprob, square, ag.count, len_);
-    gemm_strided_batched(cublas_->get(), dq, Operand{dprob}, square, Operand{k}, ag.qkv_stride(), dqp, ag.qkv_stride(),
-                         ag.count);
-    gemm_strided_batched(cublas_->get(), dk, Operand{dprob}, square, Operand{q}, ag.qkv_stride(), dkp, ag.qkv_stride(),
-                         ag.count);
-  }
+                                     float* delta) const {
+  flash_attention_backward(stream, t.qkv, t.att, t.lse, datt, dqkv, delta, batch_, len_, t.heads, t.head_dim);
 }
 
 }  // namespace zero3::models::gpu

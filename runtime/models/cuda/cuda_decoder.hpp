@@ -2,7 +2,7 @@
 // calling contract (call order, view checks, one stream per pass), the batch staged through pinned memory
 // with its rows grouped by token for a deterministic embedding backward, the fp32 arena a model carves into
 // named views per pass, 16-bit operand and fp32 weight-gradient scratch, and the two layers whose device
-// code is architecture-free: the linear layer on cuBLAS and causal attention over a packed qkv
+// code is architecture-free: the linear layer on cuBLAS and tiled causal attention over a packed qkv
 // [rows, 3 heads head_dim]. A derived model declares its views and sizes and computes its units; one host
 // thread drives a model, and every call enqueues its work on the stream it is given.
 #pragma once
@@ -26,44 +26,11 @@
 
 namespace zero3::models::gpu {
 
-// Attention runs as `groups` strided-batched products of `count` (sequence, head) pairs each: per sequence
-// batched over heads, or per head batched over sequences, whichever makes fewer cuBLAS calls.
-struct AttentionGroups {
-  int groups = 0;
-  int count = 0;
-  bool by_sequence = true;
-  std::size_t len = 0;
-  std::size_t width = 0;  // heads * head_dim: one of q, k, v in a row of qkv
-  std::size_t heads = 0;
-  std::size_t head_dim = 0;
-
-  AttentionGroups(int batch, int seq, int num_heads, int dim)
-      : groups(std::min(batch, num_heads)),
-        count(std::max(batch, num_heads)),
-        by_sequence(batch <= num_heads),
-        len(static_cast<std::size_t>(seq)),
-        width(static_cast<std::size_t>(num_heads) * static_cast<std::size_t>(dim)),
-        heads(static_cast<std::size_t>(num_heads)),
-        head_dim(static_cast<std::size_t>(dim)) {}
-
-  // Element offsets of group g's first pair, and strides between the pairs of a group, into qkv
-  // [batch, len, 3 width], prob [batch, heads, len, len] and att [batch, len, width].
-  std::size_t qkv_offset(int g) const { return by_sequence ? idx(g) * len * 3 * width : idx(g) * head_dim; }
-  std::size_t prob_offset(int g) const { return by_sequence ? idx(g) * heads * len * len : idx(g) * len * len; }
-  std::size_t att_offset(int g) const { return by_sequence ? idx(g) * len * width : idx(g) * head_dim; }
-  long long qkv_stride() const { return static_cast<long long>(by_sequence ? head_dim : len * 3 * width); }
-  long long prob_stride() const { return static_cast<long long>(by_sequence ? len * len : heads * len * len); }
-  long long att_stride() const { return static_cast<long long>(by_sequence ? head_dim : len * width); }
-
- private:
-  static std::size_t idx(int v) { return static_cast<std::size_t>(v); }
-};
-
-// One attention layer's tensors: q, k, v of every head side by side per row, the causal softmax's
-// probabilities [batch, heads, len, len], the heads' outputs [rows, heads head_dim].
+// One attention layer's tensors: q, k, v of every head side by side per row, the rows' log-sum-exp
+// [batch, heads, len] (flash_attention.cuh), the heads' outputs [rows, heads head_dim].
 struct AttentionTensors {
   const float* qkv = nullptr;
-  float* prob = nullptr;
+  float* lse = nullptr;
   float* att = nullptr;
   int heads = 0;
   int head_dim = 0;
@@ -143,12 +110,12 @@ class CudaDecoder : public UnitModel {
   void linear_backward(cudaStream_t stream, const float* x, const BufferView& w, Operand dy, const float* dy_f32,
                        float* dx, const BufferView& dw, const BufferView* dbias, int in, int out,
                        bool accumulate_dx = false) const;
-  // att = softmax_causal(Q K^T / sqrt(head_dim)) V per (sequence, head); prob kept for the backward.
-  // Products in fp32 (tf32 with 16-bit weights: still finer than their bf16 operands).
-  void attention_forward(cudaStream_t stream, const AttentionTensors& t, DType weight_dtype) const;
-  // dqkv [rows, 3 heads head_dim] (written) from datt; dprob is scratch of one group's [count, len, len].
-  void attention_backward(cudaStream_t stream, const AttentionTensors& t, const float* datt, float* dqkv, float* dprob,
-                          DType weight_dtype) const;
+  // att = softmax_causal(Q K^T / sqrt(head_dim)) V per (sequence, head), tiled without a len x len matrix
+  // (flash_attention.cuh); lse kept for the backward. fp32 in every mode.
+  void attention_forward(cudaStream_t stream, const AttentionTensors& t) const;
+  // dqkv [rows, 3 heads head_dim] (written) from datt; delta is scratch of [batch, heads, len].
+  void attention_backward(cudaStream_t stream, const AttentionTensors& t, const float* datt, float* dqkv,
+                          float* delta) const;
 
  private:
   std::string unit_name(std::size_t unit) const;

@@ -33,7 +33,6 @@
 namespace zero3::models {
 namespace {
 
-using gpu::AttentionGroups;
 using gpu::AttentionTensors;
 using gpu::Carver;
 using gpu::Operand;
@@ -68,7 +67,7 @@ struct BlockActs {
   float* ln1 = nullptr;       // [rows, hidden]
   float* ln1_stat = nullptr;  // [rows, 2] mean, 1/std
   float* qkv = nullptr;       // [rows, 3 hidden]
-  float* prob = nullptr;      // [batch, heads, len, len]
+  float* attn_lse = nullptr;  // [batch, heads, len] attention rows' log-sum-exp
   float* att = nullptr;       // [rows, hidden]
   float* res1 = nullptr;      // [rows, hidden]
   float* ln2 = nullptr;
@@ -92,7 +91,7 @@ struct Activations {
   float* dwide = nullptr;      // [rows, 4 hidden]
   float* dnarrow = nullptr;    // [rows, hidden]
   float* dqkv = nullptr;       // [rows, 3 hidden]
-  float* dprob = nullptr;      // one attention group's [count, len, len]
+  float* delta = nullptr;      // [batch, heads, len] attention backward's rowsum(dO O)
 };
 
 class CudaGpt final : public gpu::CudaDecoder {
@@ -108,7 +107,7 @@ class CudaGpt final : public gpu::CudaDecoder {
                 float seed_scale, cudaStream_t stream) override;
 
   AttentionTensors attention(const BlockActs& a) const {
-    return {.qkv = a.qkv, .prob = a.prob, .att = a.att, .heads = config_.heads, .head_dim = config_.head_dim()};
+    return {.qkv = a.qkv, .lse = a.attn_lse, .att = a.att, .heads = config_.heads, .head_dim = config_.head_dim()};
   }
   void forward_embed(cudaStream_t stream, std::span<const BufferView> p);
   void forward_block(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p);
@@ -158,7 +157,7 @@ std::size_t CudaGpt::carve(float* base) {
     b.ln1 = c.take(r * d);
     b.ln1_stat = c.take(2 * r);
     b.qkv = c.take(r * 3 * d);
-    b.prob = c.take(sz(batch()) * sz(config_.heads) * len * len);
+    b.attn_lse = c.take(sz(batch()) * sz(config_.heads) * len);
     b.att = c.take(r * d);
     b.res1 = c.take(r * d);
     b.ln2 = c.take(r * d);
@@ -173,14 +172,13 @@ std::size_t CudaGpt::carve(float* base) {
   a.losses = c.take(r);
   a.loss = reinterpret_cast<double*>(c.take(2));  // 256-byte aligned
   if (train()) {
-    const AttentionGroups groups(batch(), this->len(), config_.heads, config_.head_dim());
     a.dresidual = c.take(r * d);
     a.dwide = c.take(r * f);
     a.dnarrow = c.take(r * d);
     a.dqkv = c.take(r * 3 * d);
-    a.dprob = c.take(sz(groups.count) * len * len);
+    a.delta = c.take(sz(batch()) * sz(config_.heads) * len);
   } else {
-    a.dresidual = a.dwide = a.dnarrow = a.dqkv = a.dprob = nullptr;
+    a.dresidual = a.dwide = a.dnarrow = a.dqkv = a.delta = nullptr;
   }
   return c.used();
 }
@@ -233,7 +231,7 @@ void CudaGpt::forward_block(cudaStream_t stream, std::size_t unit, std::span<con
   gpu::layernorm_forward(stream, pt, in, p[kLn1Weight].data, p[kLn1Bias].data, a.ln1, a.ln1_stat, r, d);
   gpu::bias_rows(stream, pt, a.qkv, p[kQkvBias].data, nullptr, r, 3 * d);
   linear_forward(stream, a.ln1, p[kQkvWeight], a.qkv, d, 3 * d, 1.0f);
-  attention_forward(stream, attention(a), pt);
+  attention_forward(stream, attention(a));
   gpu::bias_rows(stream, pt, a.res1, p[kAttnProjBias].data, in, r, d);  // residual + bias, then += att W^T
   linear_forward(stream, a.att, p[kAttnProjWeight], a.res1, d, d, 1.0f);
   gpu::layernorm_forward(stream, pt, a.res1, p[kLn2Weight].data, p[kLn2Bias].data, a.ln2, a.ln2_stat, r, d);
@@ -298,7 +296,7 @@ void CudaGpt::backward_block(cudaStream_t stream, std::size_t unit, std::span<co
   const BufferView& attn_proj = p[kAttnProjWeight];
   linear_backward(stream, a.att, attn_proj, dy_operand(dres, d, attn_proj.dtype, stream), dres, acts_.dnarrow,
                   g[kAttnProjWeight], &g[kAttnProjBias], d, d);
-  attention_backward(stream, attention(a), acts_.dnarrow, acts_.dqkv, acts_.dprob, pt);
+  attention_backward(stream, attention(a), acts_.dnarrow, acts_.dqkv, acts_.delta);
   const BufferView& qkv = p[kQkvWeight];
   linear_backward(stream, a.ln1, qkv, dy_operand(acts_.dqkv, 3 * d, qkv.dtype, stream), acts_.dqkv, acts_.dnarrow,
                   g[kQkvWeight], &g[kQkvBias], d, 3 * d);

@@ -35,7 +35,6 @@
 namespace zero3::models {
 namespace {
 
-using gpu::AttentionGroups;
 using gpu::AttentionTensors;
 using gpu::Carver;
 using gpu::CudaArray;
@@ -47,17 +46,17 @@ std::size_t sz(int v) {
 
 // What one layer keeps from forward for its backward (rows = batch * len), as LlamaModel's LayerActs.
 struct LayerActs {
-  float* norm1 = nullptr;   // [rows, hidden] input_layernorm output
-  float* inv1 = nullptr;    // [rows] its 1/rms
-  float* qkv = nullptr;     // [rows, 3 heads dim] rotated q, k, v per query head
-  float* prob = nullptr;    // [batch, heads, len, len]
-  float* att = nullptr;     // [rows, heads dim]
-  float* res1 = nullptr;    // [rows, hidden] residual stream after attention
-  float* norm2 = nullptr;   // [rows, hidden]
-  float* inv2 = nullptr;    // [rows]
-  float* gate = nullptr;    // [rows, intermediate] before SiLU
-  float* up = nullptr;      // [rows, intermediate]
-  float* swiglu = nullptr;  // [rows, intermediate] silu(gate) * up
+  float* norm1 = nullptr;     // [rows, hidden] input_layernorm output
+  float* inv1 = nullptr;      // [rows] its 1/rms
+  float* qkv = nullptr;       // [rows, 3 heads dim] rotated q, k, v per query head
+  float* attn_lse = nullptr;  // [batch, heads, len] attention rows' log-sum-exp
+  float* att = nullptr;       // [rows, heads dim]
+  float* res1 = nullptr;      // [rows, hidden] residual stream after attention
+  float* norm2 = nullptr;     // [rows, hidden]
+  float* inv2 = nullptr;      // [rows]
+  float* gate = nullptr;      // [rows, intermediate] before SiLU
+  float* up = nullptr;        // [rows, intermediate]
+  float* swiglu = nullptr;    // [rows, intermediate] silu(gate) * up
 };
 
 struct Activations {
@@ -79,7 +78,7 @@ struct Activations {
   float* dgate = nullptr;      // [rows, intermediate]
   float* dup = nullptr;
   float* dqkv = nullptr;   // [rows, 3 heads dim]
-  float* dprob = nullptr;  // one attention group's [count, len, len]
+  float* delta = nullptr;  // [batch, heads, len] attention backward's rowsum(dO O)
 };
 
 // The pass an arena is carved for.
@@ -133,7 +132,7 @@ class CudaLlama final : public gpu::CudaDecoder {
             .head_dim = config_.dim()};
   }
   AttentionTensors attention(const LayerActs& a) const {
-    return {.qkv = a.qkv, .prob = a.prob, .att = a.att, .heads = config_.heads, .head_dim = config_.dim()};
+    return {.qkv = a.qkv, .lse = a.attn_lse, .att = a.att, .heads = config_.heads, .head_dim = config_.dim()};
   }
   const float* rope_cos() const { return rope_.as<const float>(); }
   const float* rope_sin() const { return rope_.as<const float>() + sz(len()) * sz(config_.dim() / 2); }
@@ -201,7 +200,7 @@ std::size_t CudaLlama::carve_pass(Activations& a, float* base, const PassShape& 
     l.norm1 = c.take(r * d);
     l.inv1 = c.take(r);
     l.qkv = c.take(r * 3 * qw);
-    l.prob = c.take(sz(pass.batch) * sz(config_.heads) * n * n);
+    l.attn_lse = c.take(sz(pass.batch) * sz(config_.heads) * n);
     l.att = c.take(r * qw);
     l.res1 = c.take(r * d);
     l.norm2 = c.take(r * d);
@@ -220,15 +219,14 @@ std::size_t CudaLlama::carve_pass(Activations& a, float* base, const PassShape& 
   a.k = c.take(r * kv_width());
   a.v = c.take(r * kv_width());
   if (pass.train) {
-    const AttentionGroups groups(pass.batch, pass.len, config_.heads, config_.dim());
     a.dresidual = c.take(r * d);
     a.dnarrow = c.take(r * std::max(d, qw));
     a.dgate = c.take(r * f);
     a.dup = c.take(r * f);
     a.dqkv = c.take(r * 3 * qw);
-    a.dprob = c.take(sz(groups.count) * n * n);
+    a.delta = c.take(sz(pass.batch) * sz(config_.heads) * n);
   } else {
-    a.dresidual = a.dnarrow = a.dgate = a.dup = a.dqkv = a.dprob = nullptr;
+    a.dresidual = a.dnarrow = a.dgate = a.dup = a.dqkv = a.delta = nullptr;
   }
   return c.used();
 }
@@ -343,7 +341,7 @@ void CudaLlama::forward_layer(cudaStream_t stream, std::size_t unit, std::span<c
   project(stream, a.norm1, p, kKProj, k_bias_, acts_.k, d, kvw);
   project(stream, a.norm1, p, kVProj, v_bias_, acts_.v, d, kvw);
   gpu::gqa_pack(stream, gqa_shape(), acts_.q, acts_.k, acts_.v, a.qkv, rope_cos(), rope_sin());
-  attention_forward(stream, attention(a), pt);
+  attention_forward(stream, attention(a));
   if (o_bias_ >= 0) {  // residual (+ bias), then += att W^T
     gpu::bias_rows(stream, pt, a.res1, p[sz(o_bias_)].data, in, r, d);
   } else {
@@ -421,7 +419,7 @@ void CudaLlama::backward_attention(cudaStream_t stream, const LayerActs& a, cons
   const BufferView& o = p[kOProj];
   linear_backward(stream, a.att, o, dy_operand(dres, d, o.dtype, stream), dres, acts_.dnarrow, g[kOProj],
                   optional(g, o_bias_), qw, d);
-  attention_backward(stream, attention(a), acts_.dnarrow, acts_.dqkv, acts_.dprob, p[0].dtype);
+  attention_backward(stream, attention(a), acts_.dnarrow, acts_.dqkv, acts_.delta);
   // dq, dk, dv (rotations undone, dk and dv summed over each kv head's query heads) over the forward's q, k, v.
   gpu::gqa_unpack(stream, gqa_shape(), acts_.dqkv, acts_.q, acts_.k, acts_.v, rope_cos(), rope_sin());
   const BufferView& wq = p[kQProj];

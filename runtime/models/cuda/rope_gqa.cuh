@@ -1,6 +1,6 @@
 // The grouped-query layout change of the CUDA Llama with rotary position embeddings, the formulas of
 // llama_ops.hpp (gqa_pack, gqa_unpack): separate q [rows, heads dim], k and v [rows, kv_heads dim] to and
-// from the packed qkv [rows, 3 heads dim] the attention of attention_softmax.cuh's callers reads. Query
+// from the packed qkv [rows, 3 heads dim] the attention of flash_attention.cuh reads. Query
 // head h reads kv head h / (heads / kv_heads); row r sits at position r % len and is rotated by the
 // angles of row r % len of cos and sin [len, dim / 2] (the rotate-half pairing (j, j + dim / 2)). All
 // fp32; enqueued on `stream`; arguments trusted (heads a multiple of kv_heads, dim even).
