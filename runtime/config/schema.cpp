@@ -586,7 +586,7 @@ constexpr KeySpec kKeys[] = {
     {"zero3.model", "activation_checkpointing", "\"none\" | \"full\" | \"selective\"", "\"none\"", S::implemented,
      A::rejected,
      "full: each unit keeps its input and recomputes its forward in backward; selective: products and attention "
-     "kept, norms and activations recomputed; bitwise the gradients of none (host GPT and Llama)"},
+     "kept, norms and activations recomputed; bitwise the gradients of none (GPT, Llama, MLP; host and CUDA)"},
     {"zero3.data", "source", "\"synthetic:markov\" | \"tokens:FILE\" | \"raw16:FILE\"", "\"synthetic:markov\"",
      S::implemented, A::rejected, "tokens: reads zero3 and llm.c token files; raw16: headerless uint16 ids"},
     {"zero3.data", "markov_order", int_min(1), "2", S::implemented, A::rejected, "synthetic:markov only"},

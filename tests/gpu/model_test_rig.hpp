@@ -285,4 +285,38 @@ void compare_train_passes(UnitModel& model, Gpu& gpu, const Config& config, cons
   compare_train_pass(model, gpu, config, params, device_params, first, dc, 2);
 }
 
+// Activation checkpointing on the device: each mode's train pass gives bitwise the loss and every gradient of
+// Recompute::none on the same model, params (made from `seed` in `dtype`) and batch.
+template <typename Config>
+void check_recompute_bitwise(UnitModel& model, Gpu& gpu, const Config& config, DType dtype, std::uint64_t seed) {
+  const Tensors params = make_params(model.units(), config.hidden, seed, dtype);
+  const DeviceTensors device_params(gpu, params, dtype);
+  const Batch b = make_batch(config, 3, config.seq_len, seed + 1);
+  const auto run = [&](zero3::Recompute mode, std::vector<std::vector<double>>& grads_out) {
+    model.set_recompute(mode);
+    const DeviceTensors grads(gpu, zeros_like(params), dtype);
+    const double loss = forward_pass(model, gpu, device_params, b, Pass::train);
+    backward_pass(model, gpu, device_params, grads);
+    grads_out.clear();
+    for (const auto& unit : grads.buffers) {
+      for (const Buffer& g : unit) grads_out.push_back(gpu.download(g));  // exact: equal values, equal bits
+    }
+    return loss;
+  };
+  std::vector<std::vector<double>> stored;
+  const double stored_loss = run(zero3::Recompute::none, stored);
+  for (const zero3::Recompute mode : {zero3::Recompute::full, zero3::Recompute::selective}) {
+    INFO(zero3::dtype_name(dtype) << ", recompute " << zero3::to_string(mode));
+    REQUIRE(model.can_recompute(mode));
+    std::vector<std::vector<double>> again;
+    CHECK(run(mode, again) == stored_loss);
+    REQUIRE(again.size() == stored.size());
+    for (std::size_t k = 0; k < stored.size(); ++k) {
+      INFO("gradient " << k);
+      CHECK(again[k] == stored[k]);
+    }
+  }
+  model.set_recompute(zero3::Recompute::none);
+}
+
 }  // namespace zero3::test

@@ -113,6 +113,16 @@ TEST_CASE("cuda gpt: eval passes, per-position losses and causality", "[models][
       kF32LossTol);
 }
 
+TEST_CASE("cuda gpt: full and selective recomputation give bitwise the gradients of none", "[models][gpu]") {
+  const DType dtype = GENERATE(DType::f32, DType::bf16);
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("seed " << seed);
+  const GptConfig config = tiny_config();
+  Gpu gpu;
+  std::unique_ptr<UnitModel> model = zero3::models::make_cuda_gpt(config, *gpu.device);
+  zero3::test::check_recompute_bitwise(*model, gpu, config, dtype, seed);
+}
+
 TEST_CASE("cuda gpt: calls out of order throw naming the unit", "[models][gpu]") {
   using Catch::Matchers::Contains;
   const GptConfig config = tiny_config();

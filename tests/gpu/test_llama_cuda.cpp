@@ -382,6 +382,16 @@ TEST_CASE("cuda llama: eval passes, causality and planned activation bytes", "[m
       kF32LossTol);
 }
 
+TEST_CASE("cuda llama: full and selective recomputation give bitwise the gradients of none", "[models][gpu]") {
+  const DType dtype = GENERATE(DType::f32, DType::bf16);
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("seed " << seed);
+  const LlamaConfig config = tiny_config();
+  Gpu gpu;
+  std::unique_ptr<UnitModel> model = zero3::models::make_cuda_llama(config, *gpu.device);
+  zero3::test::check_recompute_bitwise(*model, gpu, config, dtype, seed);
+}
+
 TEST_CASE("cuda llama: calls out of order or with wrong views throw naming the unit", "[models][gpu]") {
   using Catch::Matchers::Contains;
   const LlamaConfig config = tiny_config();

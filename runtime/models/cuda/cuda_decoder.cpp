@@ -124,6 +124,14 @@ void CudaDecoder::ensure(CudaArray& array, std::size_t size_bytes) {
   array = CudaArray(size_bytes, CudaArray::Kind::device);
 }
 
+void CudaDecoder::set_recompute(Recompute mode) {
+  if (next_backward_ != 0) {
+    throw UsageError(fmt::format("{} set_recompute: called between a train pass's forward and its backward", name_));
+  }
+  recompute_ = mode;
+  batch_set_ = false;  // the arena of the last set_batch was carved for the old mode: set_batch again
+}
+
 void CudaDecoder::prepare_pass() {
   ensure(arena_, carve(nullptr) * sizeof(float));
   carve(arena_.as<float>());

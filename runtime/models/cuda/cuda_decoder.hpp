@@ -52,6 +52,10 @@ class CudaDecoder : public UnitModel {
                      float seed_scale, Stream& stream) final;
   std::size_t activation_bytes() const override;
   MemoryKind activation_memory() const final { return MemoryKind::device; }
+  // Every mode: a derived model carves per recompute() and repeats its forward's kernels in backward.
+  bool can_recompute(Recompute /*mode*/) const final { return true; }
+  // Between passes; takes effect at the next set_batch (which carves the arena for it).
+  void set_recompute(Recompute mode) final;
 
  protected:
   // Element counts of the scratch the current pass needs when weights (grads) are 16-bit: the widest
@@ -86,6 +90,7 @@ class CudaDecoder : public UnitModel {
   int batch() const { return batch_; }
   int len() const { return len_; }
   bool train() const { return pass_ == Pass::train; }
+  Recompute recompute() const { return recompute_; }
   const std::int32_t* tokens_dev() const { return tokens_dev_; }
   const std::int32_t* targets_dev() const { return targets_dev_; }
   const TokenRows& token_rows() const { return token_rows_; }
@@ -148,6 +153,7 @@ class CudaDecoder : public UnitModel {
   std::size_t next_forward_ = 0;
   std::size_t next_backward_ = 0;  // one past the unit backward_unit expects next; 0: none
   bool loss_ready_ = false;
+  Recompute recompute_ = Recompute::none;
 
   // The batch as int32 words: tokens, targets, then the rows grouped by token for the embedding backward
   // (row_index [rows], uniq [num_uniq], offsets [num_uniq + 1]).

@@ -79,7 +79,8 @@ struct BlockActs {
 struct Activations {
   // Train: residual[u] is the output of unit u (the input of unit u + 1); eval: residual[u % 2].
   std::vector<float*> residual;
-  std::vector<BlockActs> blocks;  // train: one per block; eval: one, reused
+  std::vector<BlockActs> blocks;  // train: one per block (Recompute::full: one, reused); eval: one, reused
+  BlockActs recomputed;           // Recompute::selective: ln1, ln2 and gelu of the block in hand
   float* lnf = nullptr;
   float* lnf_stat = nullptr;
   float* logits = nullptr;  // [rows, vocab]; dlogits in place for fp32 weights
@@ -108,6 +109,17 @@ class CudaGpt final : public gpu::CudaDecoder {
 
   AttentionTensors attention(const BlockActs& a) const {
     return {.qkv = a.qkv, .lse = a.attn_lse, .att = a.att, .heads = config_.heads, .head_dim = config_.head_dim()};
+  }
+  // Block `unit`'s buffers in this pass: its own set or the shared one, with the shared ln1, ln2 and gelu when
+  // selective.
+  BlockActs block_view(std::size_t unit) const {
+    BlockActs a = acts_.blocks[train() && recompute() != Recompute::full ? unit - 1 : 0];
+    if (train() && recompute() == Recompute::selective) {
+      a.ln1 = acts_.recomputed.ln1;
+      a.ln2 = acts_.recomputed.ln2;
+      a.gelu = acts_.recomputed.gelu;
+    }
+    return a;
   }
   void forward_embed(cudaStream_t stream, std::span<const BufferView> p);
   void forward_block(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p);
@@ -152,18 +164,25 @@ std::size_t CudaGpt::carve(float* base) {
   const std::size_t layers = sz(config_.layers);
   a.residual.assign(train() ? layers + 1 : 2, nullptr);
   for (float*& p : a.residual) p = c.take(r * d);
-  a.blocks.assign(train() ? layers : 1, BlockActs{});
-  for (BlockActs& b : a.blocks) {
+  a.blocks.assign(train() && recompute() != Recompute::full ? layers : 1, BlockActs{});
+  // Selective recomputation: ln1, ln2 and gelu live once, in recomputed.
+  const bool shared = train() && recompute() == Recompute::selective;
+  const auto recomputable = [&](BlockActs& b) {
     b.ln1 = c.take(r * d);
+    b.ln2 = c.take(r * d);
+    b.gelu = c.take(r * f);
+  };
+  a.recomputed = BlockActs{};
+  if (shared) recomputable(a.recomputed);
+  for (BlockActs& b : a.blocks) {
+    if (!shared) recomputable(b);
     b.ln1_stat = c.take(2 * r);
     b.qkv = c.take(r * 3 * d);
     b.attn_lse = c.take(sz(batch()) * sz(config_.heads) * len);
     b.att = c.take(r * d);
     b.res1 = c.take(r * d);
-    b.ln2 = c.take(r * d);
     b.ln2_stat = c.take(2 * r);
     b.fc = c.take(r * f);
-    b.gelu = c.take(r * f);
   }
   a.lnf = c.take(r * d);
   a.lnf_stat = c.take(2 * r);
@@ -225,7 +244,7 @@ void CudaGpt::forward_block(cudaStream_t stream, std::size_t unit, std::span<con
   const int d = config_.hidden;
   const int f = config_.mlp_hidden();
   const DType pt = p[0].dtype;
-  BlockActs& a = acts_.blocks[train() ? unit - 1 : 0];
+  const BlockActs a = block_view(unit);
   const float* in = acts_.residual[train() ? unit - 1 : (unit - 1) % 2];
   float* out = acts_.residual[train() ? unit : unit % 2];
   gpu::layernorm_forward(stream, pt, in, p[kLn1Weight].data, p[kLn1Bias].data, a.ln1, a.ln1_stat, r, d);
@@ -279,8 +298,16 @@ void CudaGpt::backward_block(cudaStream_t stream, std::size_t unit, std::span<co
   const int f = config_.mlp_hidden();
   const DType pt = p[0].dtype;
   const DType gt = g[0].dtype;
-  const BlockActs& a = acts_.blocks[unit - 1];
+  const BlockActs a = block_view(unit);
   const float* in = acts_.residual[unit - 1];
+  if (recompute() == Recompute::full) {
+    forward_block(stream, unit, p);  // writes the block's output again, unchanged
+  } else if (recompute() == Recompute::selective) {
+    // The forward's own kernels on the kept inputs: the same bits.
+    gpu::layernorm_forward(stream, pt, in, p[kLn1Weight].data, p[kLn1Bias].data, a.ln1, a.ln1_stat, r, d);
+    gpu::layernorm_forward(stream, pt, a.res1, p[kLn2Weight].data, p[kLn2Bias].data, a.ln2, a.ln2_stat, r, d);
+    gpu::gelu_forward(stream, a.fc, a.gelu, rows() * sz(f));
+  }
   float* dres = acts_.dresidual;  // dL/d(block output) now; dL/d(block input) when done
   // MLP branch: out = res1 + proj(gelu(fc(ln2(res1)))).
   const BufferView& mlp_proj = p[kMlpProjWeight];

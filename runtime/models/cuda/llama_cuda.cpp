@@ -62,7 +62,8 @@ struct LayerActs {
 struct Activations {
   // Train: residual[u] is the output of unit u (the input of unit u + 1); eval: residual[u % 2].
   std::vector<float*> residual;
-  std::vector<LayerActs> layers;  // train: one per layer; eval: one, reused
+  std::vector<LayerActs> layers;  // train: one per layer (Recompute::full: one, reused); eval: one, reused
+  LayerActs recomputed;           // Recompute::selective: norm1, norm2, swiglu of the layer in hand
   float* normf = nullptr;         // [rows, hidden]
   float* invf = nullptr;          // [rows]
   float* logits = nullptr;        // [rows, vocab]; dlogits in place for fp32 weights
@@ -86,6 +87,13 @@ struct PassShape {
   int batch = 0;
   int len = 0;
   bool train = true;
+  Recompute recompute = Recompute::none;
+  // Layer sets carved: one per layer for a train pass that keeps them, else one reused by every layer.
+  std::size_t layer_sets(int layers) const {
+    return train && recompute != Recompute::full ? static_cast<std::size_t>(layers) : 1;
+  }
+  // Selective recomputation: norm1, norm2 and swiglu live once, in Activations::recomputed.
+  bool shared_norms() const { return train && recompute == Recompute::selective; }
 };
 
 // The views each unit takes, following LlamaModel's unit_params(): the layers' params as llama_units()
@@ -114,7 +122,9 @@ class CudaLlama final : public gpu::CudaDecoder {
 
  private:
   std::size_t carve_pass(Activations& a, float* base, const PassShape& pass) const;
-  std::size_t carve(float* base) override { return carve_pass(acts_, base, {batch(), len(), train()}); }
+  std::size_t carve(float* base) override { return carve_pass(acts_, base, {batch(), len(), train(), recompute()}); }
+  // Layer `unit`'s buffers in this pass: its own set or the shared one, with the shared norms when selective.
+  LayerActs layer_view(std::size_t unit) const;
   ScratchSizes scratch_sizes_for(std::size_t rows) const;
   ScratchSizes scratch_sizes() const override { return scratch_sizes_for(rows()); }
   const double* device_loss() const override { return acts_.loss; }
@@ -148,6 +158,7 @@ class CudaLlama final : public gpu::CudaDecoder {
   void forward_head(cudaStream_t stream, std::span<const BufferView> p);
   void backward_head(cudaStream_t stream, std::span<const BufferView> p, std::span<const BufferView> g,
                      float seed_scale);
+  void recompute_layer(cudaStream_t stream, std::size_t unit, const LayerActs& a, std::span<const BufferView> p);
   void backward_mlp(cudaStream_t stream, const LayerActs& a, std::span<const BufferView> p,
                     std::span<const BufferView> g);
   void backward_attention(cudaStream_t stream, const LayerActs& a, const float* in, std::span<const BufferView> p,
@@ -195,19 +206,24 @@ std::size_t CudaLlama::carve_pass(Activations& a, float* base, const PassShape& 
   const std::size_t qw = q_width();
   a.residual.assign(pass.train ? layers + 1 : 2, nullptr);
   for (float*& p : a.residual) p = c.take(r * d);
-  a.layers.assign(pass.train ? layers : 1, LayerActs{});
-  for (LayerActs& l : a.layers) {
+  a.layers.assign(pass.layer_sets(config_.layers), LayerActs{});
+  const auto norms = [&](LayerActs& l) {
     l.norm1 = c.take(r * d);
+    l.norm2 = c.take(r * d);
+    l.swiglu = c.take(r * f);
+  };
+  a.recomputed = LayerActs{};
+  if (pass.shared_norms()) norms(a.recomputed);
+  for (LayerActs& l : a.layers) {
+    if (!pass.shared_norms()) norms(l);
     l.inv1 = c.take(r);
     l.qkv = c.take(r * 3 * qw);
     l.attn_lse = c.take(sz(pass.batch) * sz(config_.heads) * n);
     l.att = c.take(r * qw);
     l.res1 = c.take(r * d);
-    l.norm2 = c.take(r * d);
     l.inv2 = c.take(r);
     l.gate = c.take(r * f);
     l.up = c.take(r * f);
-    l.swiglu = c.take(r * f);
   }
   a.normf = c.take(r * d);
   a.invf = c.take(r);
@@ -252,7 +268,7 @@ std::size_t CudaLlama::planned_activation_bytes(const ActivationShape& shape) co
   Activations sizing;
   const std::size_t train_rows = sz(shape.micro_batch) * sz(shape.len);
   const std::size_t eval_rows = shape.eval_batch > 0 ? sz(shape.eval_batch) * sz(shape.len) : 0;
-  std::size_t arena = carve_pass(sizing, nullptr, {shape.micro_batch, shape.len, true});
+  std::size_t arena = carve_pass(sizing, nullptr, {shape.micro_batch, shape.len, true, shape.recompute});
   if (eval_rows > 0) arena = std::max(arena, carve_pass(sizing, nullptr, {shape.eval_batch, shape.len, false}));
   const std::size_t most_rows = std::max(train_rows, eval_rows);
   const std::size_t words = 3 * most_rows + 2 * std::min(most_rows, sz(config_.vocab_size)) + 1;
@@ -285,6 +301,16 @@ void CudaLlama::upload_rope(cudaStream_t stream) {
   rope_len_ = len();
 }
 
+LayerActs CudaLlama::layer_view(std::size_t unit) const {
+  LayerActs a = acts_.layers[train() && recompute() != Recompute::full ? unit - 1 : 0];
+  if (train() && recompute() == Recompute::selective) {
+    a.norm1 = acts_.recomputed.norm1;
+    a.norm2 = acts_.recomputed.norm2;
+    a.swiglu = acts_.recomputed.swiglu;
+  }
+  return a;
+}
+
 // ---- units -----------------------------------------------------------------------------------------------
 
 void CudaLlama::forward(std::size_t unit, std::span<const BufferView> params, cudaStream_t stream) {
@@ -308,7 +334,8 @@ void CudaLlama::backward(std::size_t unit, std::span<const BufferView> params, s
   } else if (unit + 1 == num_units()) {
     backward_head(stream, params, grads, seed_scale);
   } else {
-    const LayerActs& a = acts_.layers[unit - 1];
+    const LayerActs a = layer_view(unit);
+    recompute_layer(stream, unit, a, params);
     backward_mlp(stream, a, params, grads);
     backward_attention(stream, a, acts_.residual[unit - 1], params, grads);
   }
@@ -331,7 +358,7 @@ void CudaLlama::forward_layer(cudaStream_t stream, std::size_t unit, std::span<c
   const int kvw = static_cast<int>(kv_width());
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const DType pt = p[0].dtype;
-  LayerActs& a = acts_.layers[train() ? unit - 1 : 0];
+  const LayerActs a = layer_view(unit);
   const float* in = acts_.residual[train() ? unit - 1 : (unit - 1) % 2];
   float* out = acts_.residual[train() ? unit : unit % 2];
   const std::size_t stream_bytes = rows() * sz(d) * sizeof(float);
@@ -385,6 +412,25 @@ void CudaLlama::backward_head(cudaStream_t stream, std::span<const BufferView> p
   ZERO3_CUDA_CHECK(cudaMemsetAsync(acts_.dresidual, 0, rows() * sz(d) * sizeof(float), stream));
   gpu::rmsnorm_backward(stream, p[kFinalNorm].dtype, g[kFinalNorm].dtype, acts_.residual[sz(config_.layers)],
                         p[kFinalNorm].data, acts_.invf, acts_.dnarrow, acts_.dresidual, g[kFinalNorm].data, r, d);
+}
+
+// What a layer's backward needs and its forward did not keep, by the forward's own kernels on the same inputs
+// (so the same bits): the whole forward (Recompute::full; it writes the layer's output again, unchanged), or
+// the norms and SwiGLU (Recompute::selective).
+void CudaLlama::recompute_layer(cudaStream_t stream, std::size_t unit, const LayerActs& a,
+                                std::span<const BufferView> p) {
+  if (recompute() == Recompute::full) {
+    forward_layer(stream, unit, p);
+    return;
+  }
+  if (recompute() != Recompute::selective) return;
+  const int r = static_cast<int>(rows());
+  const int d = config_.hidden;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const DType pt = p[0].dtype;
+  gpu::rmsnorm_forward(stream, pt, acts_.residual[unit - 1], p[kNorm1].data, a.norm1, a.inv1, r, d, eps);
+  gpu::rmsnorm_forward(stream, pt, a.res1, p[kNorm2].data, a.norm2, a.inv2, r, d, eps);
+  gpu::swiglu_forward(stream, a.gate, a.up, a.swiglu, rows() * sz(config_.intermediate));
 }
 
 // out = res1 + down(silu(gate(norm2)) * up(norm2)): dres (dL/d out) gains the norm2 path, becoming dL/d res1.
