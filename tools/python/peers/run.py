@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """zero3 side by side with its peers on the CPU: interleaved rounds, the ratio zero3/peer per round.
 
-  python tools/python/peers/run.py --zero3 build-host/bin/zero3 --rounds 5 [--only gpt|optimizer]
+  python tools/python/peers/run.py --zero3 build-host/bin/zero3 --rounds 5 [--only gpt|optimizer|llama]
                                   [--config configs/gpt-small.json] [--python VENV/bin/python]
                                   [--zero3-bench build-host/bin/zero3-bench]
+  python tools/python/peers/run.py --only llama [--llama-config configs/smollm-135m.json]
+                                  [--contexts 2048,8192] [--modes none,full,selective]
 
 The GPT runs are `zero3 train` jobs, the optimizer runs `zero3-bench cpu-optimizer` (by default the
-zero3-bench beside --zero3: both are built into the build tree's bin/).
+zero3-bench beside --zero3: both are built into the build tree's bin/). Without --only, both of these
+groups run. The llama group (--only llama, never by default) trains the Llama of --llama-config at each
+context and activation-checkpointing mode with zero3 and with FSDP2 and DeepSpeed (llama_peer.py), and
+compares tokens/s, peak resident memory per rank and what each checkpointing mode costs.
 
 Each round runs every contestant once, in an order shuffled afresh each round (seeded: --seed), so that a
 machine that slows down or speeds up during the run weighs on every contestant alike, and no contestant
@@ -36,6 +41,9 @@ import peers_config  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 DEFAULT_VENV = os.path.join(os.environ.get("HOME", "~"), ".cache", "zero3-peers-venv")
 SIZES = {"10M": 10**7, "100M": 10**8, "1B": 10**9}
+GPT_STEPS, GPT_WARMUP = 12, 4
+# A Llama step at a long context takes a minute or more on a small CPU machine: fewer steps per run.
+LLAMA_STEPS, LLAMA_WARMUP = 3, 1
 
 
 class Failed(Exception):
@@ -64,6 +72,17 @@ def json_lines(text):
             except json.JSONDecodeError:
                 pass
     return out
+
+
+def zero3_timed_rate(metrics, warmup):
+    """zero3's tokens/s after the warm-up, from `zero3 train --metrics` lines, and the last loss."""
+    with open(metrics) as f:
+        lines = json_lines(f.read())
+    timed = [x for x in lines if x["step"] > warmup]
+    if not timed:
+        raise Failed(f"zero3 train wrote no timed window to {metrics}")
+    # Windows of equal length: the run's rate is the harmonic mean of theirs.
+    return len(timed) / sum(1.0 / x["tokens_per_s"] for x in timed), timed[-1]["loss"]
 
 
 # ---- contestants: each run() returns {key: figure} for the comparisons it takes part in --------------------
@@ -110,14 +129,8 @@ def gpt_contestants(args, configs, info):
                 if m:
                     info.setdefault("zero3_model", m.group(1))
                     info.setdefault("zero3_params", int(m.group(2)))
-                with open(metrics) as f:
-                    lines = json_lines(f.read())
-                timed = [x for x in lines if x["step"] > warmup]
-                if not timed:
-                    raise Failed(f"zero3 train wrote no timed window to {metrics}")
-                # Windows of equal length: the run's rate is the harmonic mean of theirs.
-                rate = len(timed) / sum(1.0 / x["tokens_per_s"] for x in timed)
-                return {key: {"tokens_per_s": rate, "loss": timed[-1]["loss"]}}
+                rate, loss = zero3_timed_rate(metrics, warmup)
+                return {key: {"tokens_per_s": rate, "loss": loss}}
 
         return Contestant(f"zero3 {key}", run)
 
@@ -211,15 +224,191 @@ def optimizer_contestants(args, info):
     return contestants, comparisons
 
 
+# ---- the llama group ------------------------------------------------------------------------------------
+
+# Runs a command and writes, once it has exited, its exit status and the largest peak resident set size of
+# the processes it started and waited for (mpirun reaps its ranks: the largest rank). A fresh process per
+# measurement: RUSAGE_CHILDREN only grows over a process's life, so run.py's own would carry earlier runs.
+PEAK_RSS_WRAPPER = """
+import json, resource, subprocess, sys
+rc = subprocess.call(sys.argv[2:])
+with open(sys.argv[1], "w") as f:
+    json.dump({"returncode": rc, "children_maxrss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}, f)
+sys.exit(0 if rc == 0 else 1)
+"""
+
+LLAMA_PEERS = ("fsdp2", "deepspeed", "deepspeed+cpu")  # deepspeed+cpu: DeepSpeed's cpu_checkpointing, full only
+
+
+class Skipped(Exception):
+    """A contestant that does not fit (or cannot run this variant): listed, not counted as a failure."""
+
+
+def run_capture(argv, timeout, env=None):
+    try:
+        return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise Failed(f"timed out after {timeout} s: {' '.join(argv)}") from e
+
+
+def killed_for_memory(text, returncode):
+    """Whether a run ended the way one that ran out of memory does: SIGKILL (the kernel's OOM killer),
+    an allocation failure reported by zero3 (std::bad_alloc) or by torch."""
+    lowered = text.lower()
+    return (returncode in (-9, 137) or "signal 9" in lowered or "sigkill" in lowered or "bad_alloc" in lowered
+            or "out of memory" in lowered or "can't allocate memory" in lowered)
+
+
+def tail_of(text, lines=15):
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def describe_llama(model):
+    return (f"Llama {model['layers']} layers, hidden {model['hidden_size']}, {model['heads']} heads, "
+            f"{model.get('kv_heads', model['heads'])} kv heads, intermediate {model['intermediate_size']}, "
+            f"vocab {model['vocab_size']}, {'tied' if model.get('tie_word_embeddings') else 'untied'} embeddings")
+
+
+def llama_key(context, mode):
+    return f"llama {context} {mode}"
+
+
+def llama_contestants(args, config, info):
+    """zero3, FSDP2 and DeepSpeed at each context and checkpointing mode (2 ranks each), and DeepSpeed with
+    cpu_checkpointing at the full mode. Each figure: tokens/s and the largest rank's peak RSS (MiB)."""
+    steps, warmup, ranks = args.steps, args.warmup, 2
+    peer = os.path.join(HERE, "llama_peer.py")
+    cores = len(os.sched_getaffinity(0))
+    contestants = []
+
+    def zero3(context, mode):
+        key = llama_key(context, mode)
+
+        def run():
+            with tempfile.TemporaryDirectory(prefix="zero3-peers-run-") as tmp:
+                metrics = os.path.join(tmp, "metrics.jsonl")
+                rss_file = os.path.join(tmp, "rss.json")
+                interval = math.gcd(warmup, steps) if warmup else steps
+                argv = args.mpirun + ["-np", str(ranks), args.zero3, "train", "--config", config,
+                                      "--steps", str(warmup + steps), "--log-interval", str(interval),
+                                      "--metrics", metrics, "--progress", "off", "--run-dir", tmp,
+                                      "--heldout-samples", "8", "--model.seq_len", str(context),
+                                      "--model.activation_checkpointing", mode]
+                p = run_capture([sys.executable, "-c", PEAK_RSS_WRAPPER, rss_file] + argv, args.timeout)
+                out = p.stdout + p.stderr
+                with open(rss_file) as f:
+                    rss = json.load(f)
+                if rss["returncode"] != 0:
+                    if killed_for_memory(out, rss["returncode"]):
+                        raise Skipped(f"out of memory (exit {rss['returncode']}): {tail_of(out, 3)}")
+                    raise Failed(f"exit {rss['returncode']}: {' '.join(argv)}\n{tail_of(out)}")
+                m = re.search(r"zero3 train: (.*?): (\d+) params;", p.stdout)
+                if m:
+                    info.setdefault("zero3_model", m.group(1))
+                    info.setdefault("zero3_params", int(m.group(2)))
+                rate, loss = zero3_timed_rate(metrics, warmup)
+                return {key: {"tokens_per_s": rate, "peak_rss_mib": rss["children_maxrss_kib"] / 1024.0,
+                              "loss": loss}}
+
+        return Contestant(f"zero3 {key}", run)
+
+    def llama_peer(name, context, mode):
+        key = llama_key(context, mode)
+        mode_args = ["--checkpointing", mode]
+        if name == "deepspeed+cpu":
+            mode_args.append("--cpu-checkpointing")
+
+        def run():
+            argv = torchrun(args.python, ranks) + [
+                peer, name.split("+")[0], "--config", config, "--seq-len", str(context), *mode_args,
+                "--steps", str(steps), "--warmup", str(warmup)]
+            p = run_capture(argv, args.timeout, env=peer_env(max(1, cores // ranks)))
+            lines = json_lines(p.stdout)
+            skipped = [x for x in lines if "skipped" in x]
+            if skipped:  # the peer's own verdict, whatever torchrun's exit status
+                raise Skipped(skipped[-1]["skipped"])
+            out = p.stdout + p.stderr
+            if p.returncode != 0:
+                if killed_for_memory(out, p.returncode):
+                    raise Skipped(f"out of memory (exit {p.returncode}): {tail_of(out, 3)}")
+                raise Failed(f"exit {p.returncode}: {' '.join(argv)}\n{tail_of(out)}")
+            results = [x for x in lines if "tokens_per_s" in x]
+            if not results:
+                raise Failed(f"{name}: no result line in\n{out[-2000:]}")
+            r = results[-1]
+            info.setdefault("llama_peer_params", {})[name] = r["params"]
+            info.setdefault("peer_precision", {})[name] = r["precision"]
+            info.setdefault("peer_checkpointing", {})[f"{name} {mode}"] = r["checkpointing_impl"]
+            info.setdefault("peer_start_rss_mib", {}).setdefault(name, []).append(r["start_rss_mib"])
+            return {key: {"tokens_per_s": r["tokens_per_s"], "peak_rss_mib": r["peak_rss_mib"],
+                          "loss": r["loss_last"]}}
+
+        return Contestant(f"{name} {key}", run)
+
+    comparisons = []
+    for context in args.contexts:
+        for mode in args.modes:
+            key = llama_key(context, mode)
+            contestants.append(zero3(context, mode))
+            names = ["fsdp2", "deepspeed"] + (["deepspeed+cpu"] if mode == "full" else [])
+            for name in names:
+                contestants.append(llama_peer(name, context, mode))
+                comparisons.append((f"llama ctx {context} {mode}", f"zero3 {key}", f"{name} {key}", key, "tok/s"))
+    return contestants, comparisons
+
+
+def median_figure(results, contestant, rounds, key, metric):
+    got = [figure(results, contestant, r, key, metric) for r in range(rounds)]
+    got = [x for x in got if x is not None]
+    return statistics.median(got) if got else None
+
+
+def print_checkpointing_costs(args, results, rounds):
+    """Per contestant and context: median tok/s without checkpointing over median tok/s with each mode (the
+    slowdown the mode costs), and the median peak RSS of each mode."""
+    modes = [m for m in args.modes if m != "none"]
+    print(f"checkpointing cost: median tok/s with none / median tok/s with the mode (goals: full <= 1.40x, "
+          f"selective <= 1.15x); peak RSS MiB of the largest rank, median")
+    head = f"{'contestant':<14} {'context':>7} {'none tok/s':>10}"
+    head += "".join(f" {m + ' x':>12}" for m in modes)
+    head += "".join(f" {m + ' MiB':>14}" for m in args.modes)
+    print(head)
+    print("-" * len(head))
+    for context in args.contexts:
+        for name in ("zero3",) + LLAMA_PEERS:
+            # deepspeed+cpu is a variant of the full mode: its none is DeepSpeed's none
+            base_name = "deepspeed" if name == "deepspeed+cpu" else name
+            base = median_figure(results, f"{base_name} {llama_key(context, 'none')}", rounds,
+                                 llama_key(context, "none"), "tokens_per_s") if "none" in args.modes else None
+            row = f"{name:<14} {context:>7} {fmt_value(base):>10}"
+            own = 0  # figures of this contestant itself (deepspeed+cpu's row is left out without any)
+            for m in modes:
+                rate = median_figure(results, f"{name} {llama_key(context, m)}", rounds, llama_key(context, m),
+                                     "tokens_per_s")
+                own += rate is not None
+                row += f" {(f'{base / rate:.2f}x' if base and rate else '-'):>12}"
+            for m in args.modes:
+                who = base_name if (name == "deepspeed+cpu" and m == "none") else name
+                rss = median_figure(results, f"{who} {llama_key(context, m)}", rounds, llama_key(context, m),
+                                    "peak_rss_mib")
+                own += rss is not None and who == name
+                row += f" {fmt_value(rss):>14}"
+            if own or name != "deepspeed+cpu":
+                print(row)
+
+
 # ---- the table ------------------------------------------------------------------------------------------
 
 
-def figure(results, contestant, rnd, key):
-    """The contestant's figure in a round: tokens/s for a GPT key, Gparam/s for an optimizer size."""
+def figure(results, contestant, rnd, key, metric=None):
+    """The contestant's figure in a round: by default tokens/s for a GPT or Llama key, Gparam/s for an
+    optimizer size; metric names another (peak_rss_mib)."""
     r = results.get((contestant, rnd))
     if not r or key not in r:
         return None
     v = r[key]
+    if metric:
+        return v.get(metric)
     return v.get("tokens_per_s", v.get("gparams_per_s"))
 
 
@@ -229,12 +418,13 @@ def fmt_value(v):
     return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
 
 
-def print_table(comparisons, results, rounds):
+def print_table(comparisons, results, rounds, metric=None, unit_override=None):
     rows = []
     for title, z, p, key, unit in comparisons:
+        unit = unit_override or unit
         ratios, zs, ps = [], [], []
         for r in range(rounds):
-            zv, pv = figure(results, z, r, key), figure(results, p, r, key)
+            zv, pv = figure(results, z, r, key, metric), figure(results, p, r, key, metric)
             if zv is not None:
                 zs.append(zv)
             if pv is not None:
@@ -280,21 +470,29 @@ def default_python():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--zero3", default="build-host/bin/zero3", help="the zero3 program (the GPT runs)")
+    ap.add_argument("--zero3", default="build-host/bin/zero3", help="the zero3 program (the GPT and Llama runs)")
     ap.add_argument("--zero3-bench", default=None,
                     help="the zero3-bench program (the optimizer runs); default: zero3-bench beside --zero3")
     ap.add_argument("--python", default=None,
                     help="the peers' Python (torch, deepspeed); default $ZERO3_PEERS_VENV/bin/python, "
                          "~/.cache/zero3-peers-venv/bin/python when it exists, else this Python")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--only", choices=["gpt", "optimizer"], help="run one group of comparisons")
+    ap.add_argument("--only", choices=["gpt", "optimizer", "llama"],
+                    help="run one group of comparisons (default: gpt and optimizer; llama runs only when named)")
     ap.add_argument("--config", default="configs/gpt-small.json", help="the GPT job (its zero3.model block)")
-    ap.add_argument("--steps", type=int, default=12, help="timed optimizer steps of each GPT run")
-    ap.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
+    ap.add_argument("--steps", type=int, default=None,
+                    help=f"timed optimizer steps of each GPT run ({GPT_STEPS}) or Llama run ({LLAMA_STEPS})")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help=f"untimed steps before them (GPT {GPT_WARMUP}, Llama {LLAMA_WARMUP})")
     ap.add_argument("--fp32", action="store_true", help="also run the GPT comparisons in fp32")
     ap.add_argument("--params", default="10M,100M,1B", help="optimizer sizes (skipped when they do not fit)")
     ap.add_argument("--threads", type=int, default=2, help="optimizer threads")
     ap.add_argument("--repeats", type=int, default=5, help="optimizer steps per size and run; the best counts")
+    ap.add_argument("--llama-config", default="configs/smollm-135m.json",
+                    help="the Llama job of --only llama (its zero3.model block, batch, optimizer, offload)")
+    ap.add_argument("--contexts", default="2048,8192", help="the Llama contexts (--model.seq_len), comma-separated")
+    ap.add_argument("--modes", default="none,full,selective",
+                    help="the Llama activation-checkpointing modes, comma-separated (none, full, selective)")
     # --bind-to none: Open MPI binds each of up to two ranks to one core by default, which leaves a single
     # rank one core of two; the peers' torchrun does not bind.
     ap.add_argument("--mpirun", default="mpirun --oversubscribe --allow-run-as-root --bind-to none",
@@ -305,10 +503,25 @@ def main():
                     help="idle seconds after each optimizer run: the next run is slower while its GBs are reclaimed")
     ap.add_argument("--json", help="also write every figure to this file")
     args = ap.parse_args()
+    groups = {"gpt", "optimizer"} if args.only is None else {args.only}
+    if args.steps is None:
+        args.steps = LLAMA_STEPS if "llama" in groups else GPT_STEPS
+    if args.warmup is None:
+        args.warmup = LLAMA_WARMUP if "llama" in groups else GPT_WARMUP
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--rounds and --steps must be at least 1, --warmup at least 0")
     args.mpirun = args.mpirun.split()
     args.params = [s.strip() for s in args.params.split(",") if s.strip()]
+    try:
+        args.contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
+    except ValueError:
+        ap.error(f"--contexts: not a list of integers: {args.contexts}")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if "llama" in groups:
+        if not args.contexts or min(args.contexts) < 1:
+            ap.error("--contexts needs at least one positive context")
+        if not args.modes or not set(args.modes) <= {"none", "full", "selective"}:
+            ap.error(f"--modes: each of none, full, selective, not {','.join(args.modes)}")
     args.python = args.python or default_python()
     args.zero3 = os.path.abspath(args.zero3)
     args.zero3_bench = os.path.abspath(args.zero3_bench or os.path.join(os.path.dirname(args.zero3), "zero3-bench"))
@@ -317,7 +530,7 @@ def main():
     if not os.access(args.zero3, os.X_OK):
         print(f"run.py: {args.zero3} is not an executable zero3 program (build it, or pass --zero3)", file=sys.stderr)
         return 2
-    if args.only != "gpt" and not os.access(args.zero3_bench, os.X_OK):
+    if "optimizer" in groups and not os.access(args.zero3_bench, os.X_OK):
         print(f"run.py: {args.zero3_bench} is not an executable zero3-bench program (build the zero3-bench target, "
               f"or pass --zero3-bench)", file=sys.stderr)
         return 2
@@ -327,48 +540,79 @@ def main():
               f"Install the peers with tools/python/peers/setup.sh [VENV] and pass --python VENV/bin/python "
               f"(or set ZERO3_PEERS_VENV).", file=sys.stderr)
         return 2
-    if args.only != "optimizer" and not shutil.which(args.mpirun[0]):
+    if groups & {"gpt", "llama"} and not shutil.which(args.mpirun[0]):
         print(f"run.py: {args.mpirun[0]} not found: zero3's ranks need it (--mpirun)", file=sys.stderr)
         return 2
 
-    cfg = peers_config.load_config(config_path)
-    m = peers_config.model_settings(cfg)
-    info = {"bf16": peers_config.bf16_enabled(cfg)}
+    info = {}
+    m = None
+    if "gpt" in groups:
+        cfg = peers_config.load_config(config_path)
+        m = peers_config.model_settings(cfg)
+        info["bf16"] = peers_config.bf16_enabled(cfg)
+    if "llama" in groups:
+        if not os.path.exists(args.llama_config):
+            print(f"run.py: {args.llama_config}: no such config (--llama-config)", file=sys.stderr)
+            return 2
+        llama_cfg = peers_config.load_config(os.path.abspath(args.llama_config))
+        llama_model = llama_cfg.get("zero3", {}).get("model", {})
+        if llama_model.get("type") != "llama":
+            print(f"run.py: {args.llama_config}: zero3.model.type is {llama_model.get('type')!r}, not llama",
+                  file=sys.stderr)
+            return 2
     tmp = tempfile.mkdtemp(prefix="zero3-peers-")
     try:
-        base = peers_config.quiet(cfg)
-        if not peers_config.offloads(base)[0]:
-            print("note: the config offloads no optimizer; the offload comparison runs it as given", file=sys.stderr)
-        derived = {"offload": base, "ondevice": peers_config.without_offload(base)}
-        derived["offload_fp32"] = peers_config.in_fp32(derived["offload"])
-        derived["ondevice_fp32"] = peers_config.in_fp32(derived["ondevice"])
-        configs = {}
-        for name, c in derived.items():
-            configs[name] = os.path.join(tmp, f"{name}.json")
-            with open(configs[name], "w") as f:
-                json.dump(c, f, indent=1)
-
         contestants, comparisons = [], []
-        if args.only != "gpt":
+        if "optimizer" in groups:
             c, k = optimizer_contestants(args, info)
             contestants += c
             comparisons += k
-        if args.only != "optimizer":
+        if "gpt" in groups:
+            base = peers_config.quiet(cfg)
+            if not peers_config.offloads(base)[0]:
+                print("note: the config offloads no optimizer; the offload comparison runs it as given",
+                      file=sys.stderr)
+            derived = {"offload": base, "ondevice": peers_config.without_offload(base)}
+            derived["offload_fp32"] = peers_config.in_fp32(derived["offload"])
+            derived["ondevice_fp32"] = peers_config.in_fp32(derived["ondevice"])
+            configs = {}
+            for name, c in derived.items():
+                configs[name] = os.path.join(tmp, f"{name}.json")
+                with open(configs[name], "w") as f:
+                    json.dump(c, f, indent=1)
             c, k = gpt_contestants(args, configs, info)
+            contestants += c
+            comparisons += k
+        if "llama" in groups:
+            llama_path = os.path.join(tmp, "llama.json")
+            with open(llama_path, "w") as f:
+                json.dump(peers_config.quiet(llama_cfg), f, indent=1)
+            c, k = llama_contestants(args, llama_path, info)
             contestants += c
             comparisons += k
 
         print(f"peers: torch {versions.split()[0]}, deepspeed {versions.split()[1]} ({args.python})")
-        print(f"zero3: {args.zero3}" + (f", {args.zero3_bench}" if args.only != "gpt" else ""))
-        print(f"model: {peers_config.describe(m)}; {args.warmup} + {args.steps} steps per GPT run")
+        print(f"zero3: {args.zero3}" + (f", {args.zero3_bench}" if "optimizer" in groups else ""))
+        if "gpt" in groups:
+            print(f"model: {peers_config.describe(m)}; {args.warmup} + {args.steps} steps per GPT run")
+        if "llama" in groups:
+            print(f"llama: {describe_llama(llama_model)} ({args.llama_config}); contexts "
+                  f"{','.join(map(str, args.contexts))}; checkpointing {','.join(args.modes)}; "
+                  f"{args.warmup} + {args.steps} steps per run, 2 ranks")
         print(f"{len(contestants)} contestants x {args.rounds} rounds, order shuffled per round (seed {args.seed}), "
               f"{args.settle:g} s idle after each optimizer run", flush=True)
         results = {}
         failures = []
+        skipped = {}  # contestant -> why; not run again in later rounds (an out-of-memory run costs the most)
+        width = max([24] + [len(c.name) for c in contestants])
         for rnd in range(args.rounds):
             order = random.Random(args.seed * 1000 + rnd).sample(contestants, len(contestants))
             previous = None
             for c in order:
+                if c.name in skipped:
+                    print(f"round {rnd + 1}/{args.rounds}  {c.name:<{width}}     0.0 s  skipped (as before)",
+                          flush=True)
+                    continue
                 if previous is not None and previous.heavy:
                     time.sleep(args.settle)
                 previous = c
@@ -376,21 +620,33 @@ def main():
                 try:
                     results[(c.name, rnd)] = c.run()
                     status = "ok"
+                except Skipped as e:
+                    skipped[c.name] = str(e)
+                    info.setdefault("skipped", {})[c.name] = str(e)
+                    status = "skipped: " + str(e).splitlines()[0]
                 except Failed as e:
                     failures.append((c.name, rnd, str(e)))
                     status = "FAILED: " + str(e).splitlines()[0]
-                print(f"round {rnd + 1}/{args.rounds}  {c.name:<24} {time.perf_counter() - t0:7.1f} s  {status}",
+                print(f"round {rnd + 1}/{args.rounds}  {c.name:<{width}} {time.perf_counter() - t0:7.1f} s  {status}",
                       flush=True)
 
         print()
         if "zero3_params" in info:
-            print(f"params: zero3 train reports {info['zero3_params']:,} ({info['zero3_model']}); "
-                  f"zero3's formula {peers_config.gpt_param_count(m):,}")
+            formula = f"; zero3's formula {peers_config.gpt_param_count(m):,}" if m else ""
+            print(f"params: zero3 train reports {info['zero3_params']:,} ({info['zero3_model']}){formula}")
         for name, (counted, formula) in sorted(info.get("peer_params", {}).items()):
             mark = "" if counted == formula else "  MISMATCH"
             print(f"params: {name}: {counted:,} (formula {formula:,}){mark}")
+        for name, counted in sorted(info.get("llama_peer_params", {}).items()):
+            mark = "" if counted == info.get("zero3_params", counted) else "  (differs from zero3's)"
+            print(f"params: {name}: {counted:,}{mark}")
         for name, what in sorted(info.get("peer_precision", {}).items()):
             print(f"precision: {name}: {what}")
+        for name, what in sorted(info.get("peer_checkpointing", {}).items()):
+            print(f"checkpointing: {name}: {what}")
+        for name, values in sorted(info.get("peer_start_rss_mib", {}).items()):
+            print(f"peak RSS before the model: {name}: {statistics.median(values):.0f} MiB (the interpreter and "
+                  f"its libraries, in every {name} figure below)")
         if "cpu_adam_load_s" in info:
             loads = info["cpu_adam_load_s"]
             print(f"DeepSpeedCPUAdam op: first load {loads[0]:.1f} s (a JIT build when not cached), later "
@@ -398,10 +654,22 @@ def main():
         for name, why in sorted(info.get("skipped", {}).items()):
             print(f"skipped: {name}: {why}")
         print()
-        print_table(comparisons, results, args.rounds)
-        print("\nratio = zero3's figure / the peer's in the same round (> 1: zero3 faster); median and range over "
-              "the rounds;\nzero3 and peer = median absolute figures (tok/s: tokens per second of the whole job; "
-              "Gpar/s: 1e9 params per second, x 28 = GB/s)")
+        llama_comparisons = [k for k in comparisons if k[3].startswith("llama ")]
+        other_comparisons = [k for k in comparisons if not k[3].startswith("llama ")]
+        if other_comparisons:
+            print_table(other_comparisons, results, args.rounds)
+            print("\nratio = zero3's figure / the peer's in the same round (> 1: zero3 faster); median and range "
+                  "over the rounds;\nzero3 and peer = median absolute figures (tok/s: tokens per second of the "
+                  "whole job; Gpar/s: 1e9 params per second, x 28 = GB/s)")
+        if llama_comparisons:
+            print("tokens per second of the whole job (2 ranks)")
+            print_table(llama_comparisons, results, args.rounds)
+            print("\npeak resident set size of the largest rank, MiB")
+            print_table(llama_comparisons, results, args.rounds, metric="peak_rss_mib", unit_override="MiB")
+            print("\nratio = zero3's figure / the peer's in the same round (tok/s: > 1, zero3 faster; MiB: < 1, zero3 "
+                  "smaller); median and range over the rounds;\nzero3 and peer = median absolute figures; "
+                  "deepspeed+cpu = DeepSpeed full with activation_checkpointing.cpu_checkpointing\n")
+            print_checkpointing_costs(args, results, args.rounds)
         if failures:
             print(f"\n{len(failures)} runs failed:")
             for name, rnd, why in failures:
