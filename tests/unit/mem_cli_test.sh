@@ -2,7 +2,8 @@
 # `zero3 mem plan` and `zero3 mem fit` on configs/gpt-small.json: the plan's JSON has the --memory-json shape
 # (every kind and category, for every rank) and the DeepSpeed estimate; model states halve from one rank to
 # two; fit says a roomy device fits, and for a small one lists only settings whose plan fits, cheapest first,
-# or fails with a message when nothing can fit.
+# or fails with a message when nothing can fit; at the SmolLM-135M shape and context 8192 checkpointing lowers the
+# planned activations and fit proposes it.
 # usage: mem_cli_test.sh ZERO3 CONFIGS_DIR
 set -u
 zero3=$1
@@ -60,5 +61,28 @@ else
 fi
 "$zero3" mem fit --config "$cfg" --world-size 2 --device-memory-gb 0.000001 >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && grep -q "nothing tried fits" "$tmp/err" || fail "mem fit with no room: $(cat "$tmp/err")"
+
+# At a real context length the activations are what does not fit: the SmolLM-135M shape at context 8192 on
+# 6 GiB devices. The plan falls with each checkpointing mode (none > selective > full), and fit proposes
+# checkpointing, every proposal within the budget.
+smol=$configs/smollm-135m.json
+for mode in none selective full; do
+  "$zero3" mem plan --config "$smol" --world-size 2 --model.seq_len 8192 --model.activation_checkpointing "$mode" \
+    --device cuda --heldout-samples 1 --json >"$tmp/smol-$mode.json" || fail "mem plan of smollm at 8192, $mode"
+done
+python3 - "$tmp" <<'PY' || fail "checkpointing did not lower the planned activations"
+import json, sys
+def act(mode):
+    r = json.load(open(f"{sys.argv[1]}/smol-{mode}.json"))["ranks"][0]
+    return r["peak_bytes"]["device"]["activations"]
+none, selective, full = act("none"), act("selective"), act("full")
+print(f"smollm-135m at 8192, planned device activations per rank: none {none / 2**30:.2f}, "
+      f"selective {selective / 2**30:.2f}, full {full / 2**30:.2f} GiB")
+sys.exit(0 if none > selective > full > 0 else 1)
+PY
+out=$("$zero3" mem fit --config "$smol" --world-size 2 --model.seq_len 8192 --heldout-samples 1 --device-memory-gb 6 2>&1)
+grep -q "it does not fit" <<<"$out" && grep -q "activation_checkpointing full" <<<"$out" ||
+  fail "mem fit at context 8192 proposes no activation checkpointing: $out"
+
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "mem plan and mem fit: all checks passed"

@@ -2,7 +2,8 @@
 // rank, and if not, which settings make it fit with the least slowdown. Each candidate is the config with
 // one setting changed (or offload with a smaller micro-batch), planned (zero3/engine/memory_plan.hpp) and
 // costed by the time the change adds to a step, from the bytes it moves and the bandwidths given
-// (--pcie-gbps, --net-gbps, --cpu-gparams): a first-order model to rank the candidates, stated with them.
+// (--pcie-gbps, --net-gbps, --cpu-gparams) or the compute it repeats (--tflops, --hbm-gbps: activation
+// checkpointing): a first-order model to rank the candidates, stated with them.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +31,8 @@ struct FitOptions {
   double pcie_gbps = 20.0;   // host <-> device, per rank
   double net_gbps = 50.0;    // all-gather / reduce-scatter, per rank
   double cpu_gparams = 1.0;  // CPU optimizer, per rank
+  double tflops = 200.0;     // the device's achieved dense matrix-product rate, per rank
+  double hbm_gbps = 2000.0;  // the device's memory bandwidth, per rank
 };
 
 struct Candidate {
@@ -143,8 +146,53 @@ class Fitter {
                       c.batch.gradient_accumulation_steps),
           c, ms, "both offloads, and each extra micro-batch's gathers and copies");
     }
+    add_recompute_candidates(out, both, both_ms);
     for (Candidate& c : out) c.device_bytes = plan(c.config);
     return out;
+  }
+
+  // Activation checkpointing, alone and with the offloads: full reruns each unit's forward (its matrix
+  // products, about 2 flops per param per token, at --tflops); selective reruns the norms and the activation
+  // (memory-bound: their inputs read and outputs written at --hbm-gbps).
+  void add_recompute_candidates(std::vector<Candidate>& out, const config::Config& both, double both_ms) const {
+    if (!base_.zero3.model || base_.zero3.model->activation_checkpointing == Recompute::full) return;
+    const config::ModelSettings& m = *base_.zero3.model;
+    const double tokens = static_cast<double>(base_.batch.train_micro_batch_size_per_gpu) *
+                          static_cast<double>(m.seq_len) * static_cast<double>(base_.batch.gradient_accumulation_steps);
+    const double full_ms = 2.0 * static_cast<double>(params_) * tokens / (o_.tflops * 1e12) * 1e3;
+    const double width = static_cast<double>(2 * m.hidden_size + std::max(m.intermediate_size, 4 * m.hidden_size));
+    const double selective_ms = 2.0 * tokens * width * static_cast<double>(m.layers) * 4.0 / (o_.hbm_gbps * 1e9) * 1e3;
+    config::Config optimizer = base_;
+    optimizer.zero.offload_optimizer.device = config::OffloadDevice::cpu;
+    // As the offload_optimizer candidate at ratio 1: gradients down, params up, the CPU step.
+    const double shard = static_cast<double>(params_) / o_.world_size;
+    const double optimizer_ms = (shard *
+                                     (static_cast<double>(size_of(optimizer.communication_data_type)) +
+                                      static_cast<double>(size_of(base_.model_dtype()))) /
+                                     (o_.pcie_gbps * 1e9) +
+                                 shard / (o_.cpu_gparams * 1e9)) *
+                                1e3;
+    const struct {
+      const char* name;
+      const config::Config* config;
+      double ms;
+    } bases[] = {{"", &base_, 0.0},
+                 {" + offload_optimizer cpu", &optimizer, optimizer_ms},
+                 {" + offload_optimizer cpu + offload_param cpu", &both, both_ms}};
+    for (const Recompute mode : {Recompute::selective, Recompute::full}) {
+      if (mode == m.activation_checkpointing) continue;
+      for (const auto& b : bases) {
+        config::Config c = *b.config;
+        c.zero3.model->activation_checkpointing = mode;
+        const bool full = mode == Recompute::full;
+        out.push_back({fmt::format("activation_checkpointing {}{}", to_string(mode), b.name), std::move(c), 0,
+                       b.ms + (full ? full_ms : selective_ms),
+                       fmt::format("{}{}",
+                                   full ? fmt::format("a second forward's products at {} TFLOP/s", o_.tflops)
+                                        : fmt::format("norms and activations again at {} GB/s", o_.hbm_gbps),
+                                   b.ms > 0.0 ? ", and the offload's copies and CPU step" : "")});
+      }
+    }
   }
 
   const config::Config& base() const { return base_; }
@@ -178,7 +226,8 @@ void run_fit(const FitOptions& o) {
   });
   if (fits.empty()) {
     throw ConfigError(fmt::format(
-        "mem fit: nothing tried fits {:.2f} GiB per rank (offload of optimizer and params, smaller micro-batches, "
+        "mem fit: nothing tried fits {:.2f} GiB per rank (offload of optimizer and params, activation checkpointing, "
+        "smaller micro-batches, "
         "live and prefetch budgets); more ranks shrink the shards: zero3 mem plan --world-size N shows by how much",
         o.device_memory_gb));
   }
@@ -187,7 +236,7 @@ void run_fit(const FitOptions& o) {
       "Gparam/s per rank):\n",
       o.pcie_gbps, o.net_gbps, o.cpu_gparams);
   for (const Candidate& c : fits) {
-    fmt::print("  {:<58} {:>8.3f} GiB  +{:.1f} ms/step  ({})\n", c.change, static_cast<double>(c.device_bytes) / kGiB,
+    fmt::print("  {:<77} {:>8.3f} GiB  +{:.1f} ms/step  ({})\n", c.change, static_cast<double>(c.device_bytes) / kGiB,
                c.extra_ms, c.why);
   }
 }
@@ -212,6 +261,14 @@ void add_mem_fit_command(CLI::App& group) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--cpu-gparams", opt->cpu_gparams, "CPU optimizer speed per rank, 1e9 params/s (the cost model)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--tflops", opt->tflops,
+                  "Achieved matrix-product rate per rank, TFLOP/s (the cost model of full recomputation)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--hbm-gbps", opt->hbm_gbps,
+                  "Device memory bandwidth per rank, GB/s (the cost model of selective recomputation)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->callback([opt] { run_fit(*opt); });
