@@ -190,15 +190,24 @@ void parse_profilers(ObjectReader& top, Context& cx) {
   if (const Json* j = top.get_object("activation_checkpointing")) {
     ObjectReader r(*j, "activation_checkpointing", "activation_checkpointing", cx.sink);
     ActivationCheckpointingConfig& a = cx.config.activation_checkpointing;
-    constexpr std::string_view kWhat = "DeepSpeed activation checkpointing is not implemented";
-    a.partition_activations = r.not_implemented_if_true("partition_activations", kWhat);
-    a.cpu_checkpointing = r.not_implemented_if_true("cpu_checkpointing", kWhat);
-    a.contiguous_memory_optimization = r.not_implemented_if_true("contiguous_memory_optimization", kWhat);
+    // This block tunes DeepSpeed's checkpoint() calls in the model code; zero3's models checkpoint by
+    // zero3.model.activation_checkpointing, and these refinements of it are not implemented.
+    constexpr std::string_view kModelParallel =
+        "partitioning the kept activations across model-parallel ranks is not implemented (zero3 is data-parallel; "
+        "its checkpointing: zero3.model.activation_checkpointing)";
+    a.partition_activations = r.not_implemented_if_true("partition_activations", kModelParallel);
+    a.cpu_checkpointing = r.not_implemented_if_true(
+        "cpu_checkpointing",
+        "keeping the checkpointed activations in host memory is not implemented (zero3.model.activation_checkpointing "
+        "recomputes instead of keeping)");
+    a.contiguous_memory_optimization = r.not_implemented_if_true(
+        "contiguous_memory_optimization", "a contiguous buffer for partitioned activations is not implemented");
     if (r.get_optional_int("number_checkpoints", a.number_checkpoints) == Got::value) {
-      r.not_implemented("number_checkpoints", std::string(kWhat));
+      r.not_implemented("number_checkpoints", "sizing contiguous_memory_optimization's buffer is not implemented");
     }
-    a.synchronize_checkpoint_boundary = r.not_implemented_if_true("synchronize_checkpoint_boundary", kWhat);
-    a.profile = r.not_implemented_if_true("profile", kWhat);
+    a.synchronize_checkpoint_boundary = r.not_implemented_if_true(
+        "synchronize_checkpoint_boundary", "a device synchronization at each checkpoint boundary is not implemented");
+    a.profile = r.not_implemented_if_true("profile", "timing the checkpointed forwards is not implemented");
     r.finish();
   }
   if (const Json* j = top.get_object("flops_profiler")) {
