@@ -292,7 +292,10 @@ def llama_contestants(args, config, info):
                 argv = args.mpirun + ["-np", str(ranks), args.zero3, "train", "--config", config,
                                       "--steps", str(warmup + steps), "--log-interval", str(interval),
                                       "--metrics", metrics, "--progress", "off", "--run-dir", tmp,
-                                      "--heldout-samples", "8", "--model.seq_len", str(context),
+                                      # One held-out window per rank, the least zero3 train measures: the
+                                      # peers evaluate nothing, and a larger held-out batch would count its
+                                      # logits (windows x context x vocab floats) in zero3's peak memory.
+                                      "--heldout-samples", str(ranks), "--model.seq_len", str(context),
                                       "--model.activation_checkpointing", mode]
                 p = run_capture([sys.executable, "-c", PEAK_RSS_WRAPPER, rss_file] + argv, args.timeout)
                 out = p.stdout + p.stderr
