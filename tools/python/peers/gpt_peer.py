@@ -158,26 +158,30 @@ def torch_trainer(args, cfg, m, gas, bf16):
     return model, step, "autocast(cpu, bfloat16) over fp32 params" if bf16 else "fp32"
 
 
-def fsdp2_trainer(args, cfg, m, gas, bf16):
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+def fsdp2_policies(cfg, bf16):
+    """fully_shard's keyword arguments for the config (bf16 mixed precision, CPU offload), and how they read."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-    model = GPT(m)
     offload_opt, offload_param = peers_config.offloads(cfg)
     kwargs = {}
+    what = "fp32"
     if bf16:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        what = "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)"
     if offload_opt or offload_param:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
-    optimizer, sched, clip = torch_optimizer(args, cfg, model)
+        what += ", CPUOffloadPolicy(pin_memory=False)"
+    return kwargs, what
+
+
+def fsdp2_step(model, optimizer, sched, clip, gas, logits_of):
+    """One optimizer step of an FSDP2 model over a step's micro-batches; the gradient is reduced on the last."""
 
     def step(batches):
         total_loss = 0.0
         for i, b in enumerate(batches):
             model.set_requires_gradient_sync(i == len(batches) - 1)
-            loss = loss_of(model(b[:, :-1]), b[:, 1:]) / gas
+            loss = loss_of(logits_of(b[:, :-1]), b[:, 1:]) / gas
             loss.backward()
             total_loss += loss.item()
         if clip > 0:
@@ -187,10 +191,19 @@ def fsdp2_trainer(args, cfg, m, gas, bf16):
         optimizer.zero_grad(set_to_none=True)
         return total_loss
 
-    what = "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)" if bf16 else "fp32"
-    if "offload_policy" in kwargs:
-        what += ", CPUOffloadPolicy(pin_memory=False)"
-    return model, step, what
+    return step
+
+
+def fsdp2_trainer(args, cfg, m, gas, bf16):
+    from torch.distributed.fsdp import fully_shard
+
+    model = GPT(m)
+    kwargs, what = fsdp2_policies(cfg, bf16)
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    optimizer, sched, clip = torch_optimizer(args, cfg, model)
+    return model, fsdp2_step(model, optimizer, sched, clip, gas, model), what
 
 
 def deepspeed_trainer(args, cfg, m, gas, bf16):

@@ -43,7 +43,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers_config  # noqa: E402
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import gpt_peer  # noqa: E402  (its AdamW, schedule and param groups: the same for every model)
 
@@ -176,13 +175,8 @@ def enable_deepspeed_checkpointing(model, ds_cfg):
 # ---- the two trainers; each returns (model, step(batches) -> loss, precision, checkpointing) ----------------
 
 
-def loss_of(logits, targets):
-    # Every position predicts the next token (as zero3 counts), in fp32 as transformers' own loss does.
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
 def fsdp2_trainer(args, cfg, m, gas, bf16):
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     model = build_model(m)
     what_ckpt = "none"
@@ -191,34 +185,13 @@ def fsdp2_trainer(args, cfg, m, gas, bf16):
         what_ckpt = "torch.utils.checkpoint(use_reentrant=False) per decoder layer"
         if args.checkpointing == "selective":
             what_ckpt += ", selective: saves " + ", ".join(sorted(str(op) for op in selective_policy_ops()))
-    offload_opt, offload_param = peers_config.offloads(cfg)
-    kwargs = {}
-    if bf16:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if offload_opt or offload_param:
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+    kwargs, what = gpt_peer.fsdp2_policies(cfg, bf16)
     for layer in model.model.layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)  # the root: embeddings (tied to lm_head when configured), final norm, lm_head
     optimizer, sched, clip = gpt_peer.torch_optimizer(args, cfg, model)
-
-    def step(batches):
-        total_loss = 0.0
-        for i, b in enumerate(batches):
-            model.set_requires_gradient_sync(i == len(batches) - 1)
-            loss = loss_of(model(input_ids=b[:, :-1]).logits, b[:, 1:]) / gas
-            loss.backward()
-            total_loss += loss.item()
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        sched.step()
-        optimizer.zero_grad(set_to_none=True)
-        return total_loss
-
-    what = "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)" if bf16 else "fp32"
-    if "offload_policy" in kwargs:
-        what += ", CPUOffloadPolicy(pin_memory=False)"
+    # gpt_peer's loss over transformers' logits: every position predicts the next token, in fp32.
+    step = gpt_peer.fsdp2_step(model, optimizer, sched, clip, gas, lambda ids: model(input_ids=ids).logits)
     return model, step, what, what_ckpt
 
 
@@ -244,7 +217,7 @@ def deepspeed_trainer(args, cfg, m, gas, bf16):
     def step(batches):
         total_loss = 0.0
         for b in batches:
-            loss = loss_of(engine(input_ids=b[:, :-1]).logits, b[:, 1:])
+            loss = gpt_peer.loss_of(engine(input_ids=b[:, :-1]).logits, b[:, 1:])
             engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
             engine.step()  # an optimizer step only at the accumulation boundary
             total_loss += loss.item() / gas
