@@ -122,7 +122,8 @@ class CudaGpt final : public gpu::CudaDecoder {
     return a;
   }
   void forward_embed(cudaStream_t stream, std::span<const BufferView> p);
-  void forward_block(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p);
+  // with_output false stops after GELU: what a full recomputation needs (backward never reads the output).
+  void forward_block(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p, bool with_output = true);
   void forward_head(cudaStream_t stream, std::span<const BufferView> p);
   void backward_head(cudaStream_t stream, std::span<const BufferView> p, std::span<const BufferView> g,
                      float seed_scale);
@@ -239,7 +240,7 @@ void CudaGpt::forward_embed(cudaStream_t stream, std::span<const BufferView> p) 
                          static_cast<int>(rows()), len(), config_.hidden);
 }
 
-void CudaGpt::forward_block(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p) {
+void CudaGpt::forward_block(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p, bool with_output) {
   const int r = static_cast<int>(rows());
   const int d = config_.hidden;
   const int f = config_.mlp_hidden();
@@ -257,6 +258,7 @@ void CudaGpt::forward_block(cudaStream_t stream, std::size_t unit, std::span<con
   gpu::bias_rows(stream, pt, a.fc, p[kFcBias].data, nullptr, r, f);
   linear_forward(stream, a.ln2, p[kFcWeight], a.fc, d, f, 1.0f);
   gpu::gelu_forward(stream, a.fc, a.gelu, rows() * sz(f));
+  if (!with_output) return;
   gpu::bias_rows(stream, pt, out, p[kMlpProjBias].data, a.res1, r, d);
   linear_forward(stream, a.gelu, p[kMlpProjWeight], out, f, d, 1.0f);
 }
@@ -301,7 +303,7 @@ void CudaGpt::backward_block(cudaStream_t stream, std::size_t unit, std::span<co
   const BlockActs a = block_view(unit);
   const float* in = acts_.residual[unit - 1];
   if (recompute() == Recompute::full) {
-    forward_block(stream, unit, p);  // writes the block's output again, unchanged
+    forward_block(stream, unit, p, /*with_output=*/false);
   } else if (recompute() == Recompute::selective) {
     // The forward's own kernels on the kept inputs: the same bits.
     gpu::layernorm_forward(stream, pt, in, p[kLn1Weight].data, p[kLn1Bias].data, a.ln1, a.ln1_stat, r, d);

@@ -154,7 +154,8 @@ class CudaLlama final : public gpu::CudaDecoder {
   // y[rows, out] = x W^T (+ bias when the layer has one).
   void project(cudaStream_t stream, const float* x, std::span<const BufferView> p, std::size_t k, int bias, float* y,
                int in, int out) const;
-  void forward_layer(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p);
+  // with_output false stops after SwiGLU: what a full recomputation needs (backward never reads the output).
+  void forward_layer(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p, bool with_output = true);
   void forward_head(cudaStream_t stream, std::span<const BufferView> p);
   void backward_head(cudaStream_t stream, std::span<const BufferView> p, std::span<const BufferView> g,
                      float seed_scale);
@@ -350,7 +351,7 @@ void CudaLlama::project(cudaStream_t stream, const float* x, std::span<const Buf
   linear_forward(stream, x, p[k], y, in, out, bias >= 0 ? 1.0f : 0.0f);
 }
 
-void CudaLlama::forward_layer(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p) {
+void CudaLlama::forward_layer(cudaStream_t stream, std::size_t unit, std::span<const BufferView> p, bool with_output) {
   const int r = static_cast<int>(rows());
   const int d = config_.hidden;
   const int f = config_.intermediate;
@@ -380,6 +381,7 @@ void CudaLlama::forward_layer(cudaStream_t stream, std::size_t unit, std::span<c
   linear_forward(stream, a.norm2, p[kGateProj], a.gate, d, f, 0.0f);
   linear_forward(stream, a.norm2, p[kUpProj], a.up, d, f, 0.0f);
   gpu::swiglu_forward(stream, a.gate, a.up, a.swiglu, rows() * sz(f));
+  if (!with_output) return;
   ZERO3_CUDA_CHECK(cudaMemcpyAsync(out, a.res1, stream_bytes, cudaMemcpyDeviceToDevice, stream));
   linear_forward(stream, a.swiglu, p[kDownProj], out, f, d, 1.0f);
 }
@@ -415,12 +417,12 @@ void CudaLlama::backward_head(cudaStream_t stream, std::span<const BufferView> p
 }
 
 // What a layer's backward needs and its forward did not keep, by the forward's own kernels on the same inputs
-// (so the same bits): the whole forward (Recompute::full; it writes the layer's output again, unchanged), or
+// (so the same bits): the whole forward up to SwiGLU (Recompute::full), or
 // the norms and SwiGLU (Recompute::selective).
 void CudaLlama::recompute_layer(cudaStream_t stream, std::size_t unit, const LayerActs& a,
                                 std::span<const BufferView> p) {
   if (recompute() == Recompute::full) {
-    forward_layer(stream, unit, p);
+    forward_layer(stream, unit, p, /*with_output=*/false);
     return;
   }
   if (recompute() != Recompute::selective) return;
