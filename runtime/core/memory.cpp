@@ -94,6 +94,12 @@ void MemoryTracker::reset_peaks() {
   for (auto& c : totals_) c.peak.store(c.current.load());
 }
 
+std::size_t MemoryTracker::take_window_peak(MemoryKind kind) {
+  AtomicCounter& c = totals_[static_cast<std::size_t>(kind)];
+  const std::size_t current = c.current.load();
+  return std::max(c.interval_peak.exchange(current), current);
+}
+
 void MemoryTracker::fold_interval() {
   const std::uint32_t id = phase_.load();
   if (id == 0) return;

@@ -54,6 +54,27 @@ void Engine::mark_stop_request() {
   impl.marks.stop = true;
 }
 
+void Engine::mark_memory_pressure(MemoryPressure pressure) {
+  Impl& impl = *impl_;
+  impl.check_call("mark_memory_pressure", true);
+  (pressure == MemoryPressure::high ? impl.marks.memory_high : impl.marks.memory_low) = true;
+}
+
+void Engine::set_accumulation(std::int64_t micro_batch, std::int64_t gradient_accumulation_steps) {
+  Impl& impl = *impl_;
+  if (impl.layout) impl.check_boundary("set_accumulation");
+  config::BatchConfig& b = impl.config.batch;
+  if (micro_batch < 1 || gradient_accumulation_steps < 1 ||
+      micro_batch * gradient_accumulation_steps * b.world_size != b.train_batch_size) {
+    throw ConfigError(
+        fmt::format("set_accumulation: micro-batch {} x accumulation {} x world size {} is not train_batch_size {}",
+                    micro_batch, gradient_accumulation_steps, b.world_size, b.train_batch_size));
+  }
+  b.train_micro_batch_size_per_gpu = micro_batch;
+  b.gradient_accumulation_steps = gradient_accumulation_steps;
+  if (impl.optimizer_step) impl.optimizer_step->optimizer().set_final_micro_step(gradient_accumulation_steps == 1);
+}
+
 void Engine::reset_moments() {
   Impl& impl = *impl_;
   impl.check_call("reset_moments", true);

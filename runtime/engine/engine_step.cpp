@@ -91,6 +91,8 @@ void Engine::Impl::step_boundary(StepResult& r) {
   r.nonfinite = out.nonfinite;
   r.discarded = out.discarded;
   r.stop_requests = out.stop_requests;
+  r.memory_high_ranks = out.memory_high_ranks;
+  r.memory_low_ranks = out.memory_low_ranks;
   r.grad_norm = out.grad_norm;
   r.lr = out.lr;
   r.loss_scale = out.loss_scale;

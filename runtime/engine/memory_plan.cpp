@@ -17,6 +17,7 @@
 #include "init.hpp"
 #include "layout.hpp"
 #include "offload_optimizer.hpp"
+#include "optimizer_step.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3 {
@@ -364,7 +365,7 @@ class Planner {
       grow(1, block * 4);
       if (t != DType::f32) grow(2, block * size_of(t));
     };
-    all_reduce(5, DType::f32);  // the step's statistics
+    all_reduce(engine::kStepScalars, DType::f32);  // the step's statistics
     if (!single_rank_) {
       const std::size_t piece = engine::reduce_piece_elems(world_, config_.zero.reduce_bucket_size);
       const auto w = static_cast<std::uint64_t>(world_);
@@ -394,13 +395,13 @@ class Planner {
     const std::uint64_t chunk = std::min<std::uint64_t>(engine::kInitChunkElems, layout_.param_shard_count);
     add(staging_kind_, MemCategory::staging, chunk * (4 + size_of(dtype_)),
         fmt::format("start-up: the initial values, {} elements at a time (fp32 and {})", chunk, dtype_name(dtype_)));
-    add(staging_kind_, MemCategory::staging, std::uint64_t{10} * sizeof(float),
+    add(staging_kind_, MemCategory::staging, 2 * engine::kStepScalars * sizeof(float),
         "the step's statistics and window marks");
     // A save takes blocks of a quarter of the staging area (at least 1 MiB) as it needs them, up to the area.
     const std::uint64_t ckpt = options_.checkpoint_staging_bytes;
     add(MemoryKind::pageable_host, MemCategory::staging, ckpt, "a checkpoint save's staging area",
         std::min(ckpt, std::max<std::uint64_t>(std::uint64_t{1} << 20, ckpt / 4)));
-    add(MemoryKind::device, MemCategory::workspace, 5 * sizeof(float), "the step's statistics");
+    add(MemoryKind::device, MemCategory::workspace, engine::kStepScalars * sizeof(float), "the step's statistics");
   }
 
   // ---- DeepSpeed's estimate for the same model (estimate_zero3_model_states_mem_needs_all_live)

@@ -157,10 +157,10 @@ OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimize
       scaler_(optim::LossScaler::from_config(wiring.config)),
       bootstrap_(bootstrap),
       nonfinite_(wiring.config.zero3.nonfinite, wiring.communicator.rank()) {
-  scalars_ = device_.allocate(5, DType::f32, MemoryKind::device, MemCategory::workspace);
+  scalars_ = device_.allocate(kStepScalars, DType::f32, MemoryKind::device, MemCategory::workspace);
   const MemoryKind host_kind = device_.caps().host_staging;
-  host_scalars_ = device_.allocate(5, DType::f32, host_kind, MemCategory::staging);
-  host_marks_ = device_.allocate(5, DType::f32, host_kind, MemCategory::staging);
+  host_scalars_ = device_.allocate(kStepScalars, DType::f32, host_kind, MemCategory::staging);
+  host_marks_ = device_.allocate(kStepScalars, DType::f32, host_kind, MemCategory::staging);
 }
 
 StepOutcome OptimizerStep::run(const WindowMarks& marks) {
@@ -172,11 +172,13 @@ StepOutcome OptimizerStep::run(const WindowMarks& marks) {
   m[2] = marks.nonfinite_loss ? 1.0f : 0.0f;
   m[3] = marks.discard ? 1.0f : 0.0f;
   m[4] = marks.stop ? 1.0f : 0.0f;
+  m[5] = marks.memory_high ? 1.0f : 0.0f;
+  m[6] = marks.memory_low ? 1.0f : 0.0f;
   device_.copy_async(scalars_.view(), host_marks_.cview(), stream_);
   // Sharded accumulators are disjoint across ranks; persistent ones are identical on every rank (the
   // all-reduce gives bitwise equal results), so rank 0 alone adds them to count them once.
   optimizer_->grad_stats(stream_, scalars_.view().slice(0, 2), scaler_.checks_overflow(), comm_.rank() == 0);
-  // One all-reduce for all five: the flags add up to the number of ranks that saw or marked something.
+  // One all-reduce for all of them: the flags add up to the number of ranks that saw or marked something.
   {
     const comm::ScopedOpAnnotation note("step", "grad_stats");
     comm_.all_reduce(scalars_.view(), comm::ReduceOp::sum, stream_);
@@ -192,6 +194,8 @@ StepOutcome OptimizerStep::run(const WindowMarks& marks) {
 
   StepOutcome out;
   out.stop_requests = static_cast<int>(h[4]);
+  out.memory_high_ranks = static_cast<int>(h[5]);
+  out.memory_low_ranks = static_cast<int>(h[6]);
   out.loss_scale = scaler_.scale();
   out.next_loss_scale = out.loss_scale;
   const double norm = std::sqrt(total_sq);  // of the scaled gradients

@@ -90,12 +90,18 @@ std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerCon
                                                       Stream& stream, std::size_t count, std::size_t sharded_count,
                                                       std::vector<StateSegment> segments);
 
+// The step's all-reduced scalars: [overflow flag, sum of squares, non-finite loss marks, discard marks, stop
+// marks, memory-high marks, memory-low marks].
+inline constexpr std::size_t kStepScalars = 7;
+
 // What the ranks marked the window with before its boundary (Engine::discard_window); the step's
 // all-reduce makes a mark of any rank count on every rank.
 struct WindowMarks {
   bool nonfinite_loss = false;
   bool discard = false;
-  bool stop = false;      // this rank asks every rank to stop after this boundary (Engine::mark_stop_request)
+  bool stop = false;         // this rank asks every rank to stop after this boundary (Engine::mark_stop_request)
+  bool memory_high = false;  // Engine::mark_memory_pressure
+  bool memory_low = false;
   std::int64_t step = 0;  // the global step number this boundary is (1-based), for reports
 };
 
@@ -108,6 +114,8 @@ struct StepOutcome {
   double loss_scale = 1.0;  // the scale this step's gradients carried
   double next_loss_scale = 1.0;
   int stop_requests = 0;  // ranks whose window carried a stop mark (equal on every rank)
+  int memory_high_ranks = 0;
+  int memory_low_ranks = 0;
 };
 
 class OptimizerStep {
@@ -118,7 +126,7 @@ class OptimizerStep {
                 comm::Bootstrap& bootstrap);
 
   // Collective. Blocks once, to read the overflow flag, the squared norm and the window marks (one
-  // all-reduce of 5 floats). Zeroes the accumulators (after use) in every case. Throws Error when an
+  // all-reduce of 7 floats). Zeroes the accumulators (after use) in every case. Throws Error when an
   // overflow happens at the minimum loss scale, NonFiniteError when zero3.nonfinite ends the run.
   StepOutcome run(const WindowMarks& marks);
 

@@ -53,6 +53,10 @@ class MemoryTracker {
   Counter total(MemoryKind kind) const;
   // Restarts peak tracking from the current values (e.g. at the start of a phase).
   void reset_peaks();
+  // The peak of `kind`'s total since the previous call (since the tracker was made, the first time), and a
+  // new window from the current value: per-step peaks for a consumer that must not disturb peak and
+  // reset_peaks() (zero3.accumulation's memory policy).
+  std::size_t take_window_peak(MemoryKind kind);
   // A human-readable table of the non-zero rows.
   std::string report() const;
 
@@ -75,7 +79,7 @@ class MemoryTracker {
   struct AtomicCounter {
     std::atomic<std::size_t> current{0};
     std::atomic<std::size_t> peak{0};
-    std::atomic<std::size_t> interval_peak{0};
+    std::atomic<std::size_t> interval_peak{0};  // cells: since the last phase fold; totals: take_window_peak
     std::atomic<std::uint32_t> peak_phase{0};
   };
   void add(AtomicCounter& c, std::size_t n);

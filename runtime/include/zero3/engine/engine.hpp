@@ -135,6 +135,16 @@ class Engine {
   // that boundary (a preemption). Free: the mark travels in the step's all-reduce, so every rank reads the
   // same StepResult::stop_requests, and no collective of its own can fall out of step with the others.
   void mark_stop_request();
+  // Marks the window in progress (before its boundary step()) with this rank's device memory pressure, for
+  // a policy that sizes the micro-batch by memory (zero3.accumulation): free, the mark travels in the step's
+  // all-reduce, and every rank reads the same StepResult::memory_high_ranks and ::memory_low_ranks.
+  enum class MemoryPressure { high, low };
+  void mark_memory_pressure(MemoryPressure pressure);
+  // Before finalize() or at an accumulation boundary with no scope open (UsageError otherwise): the
+  // micro-batch and accumulation of the following windows, whose product with the world size must stay the
+  // configured train_batch_size (ConfigError otherwise). config().batch reads the new values; the loss
+  // multiplier follows. Every rank calls it with the same values.
+  void set_accumulation(std::int64_t micro_batch, std::int64_t gradient_accumulation_steps);
   // At an accumulation boundary with no scope open (UsageError otherwise): zeroes the optimizer's moments
   // (exp_avg and exp_avg_sq, on the device and in offloaded host memory) and restarts Adam's bias
   // correction, as a freshly made optimizer would have them. Master weights, params and the lr schedule

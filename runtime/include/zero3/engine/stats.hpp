@@ -18,6 +18,8 @@ struct StepResult {
   std::int64_t global_step = 0;    // optimizer steps so far, skipped ones included
   std::int64_t skipped_steps = 0;  // of those, not applied (any reason above)
   int stop_requests = 0;           // ranks that marked this window with Engine::mark_stop_request()
+  int memory_high_ranks = 0;       // ranks that marked it with Engine::mark_memory_pressure(high)
+  int memory_low_ranks = 0;        // and with low
 };
 
 // Host<->device traffic of CPU offload in one accumulation window. Bytes are always counted; times are
