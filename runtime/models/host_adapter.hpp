@@ -113,7 +113,10 @@ class HostAdapter final : public UnitModel {
     for (const auto& s : grad_scratch_) scratch += s.capacity() * sizeof(float);
     return model_.activation_bytes() + scratch;
   }
-  MemoryKind activation_memory() const override { return MemoryKind::pageable_host; }
+  // A host model runs on the host device only, whose device memory is host memory: its activations count
+  // as device memory there, as a GPU model's do, for the start-up check, --device-memory-gb and
+  // zero3.accumulation.
+  MemoryKind activation_memory() const override { return MemoryKind::device; }
 
   std::size_t planned_activation_bytes(const ActivationShape& shape) const override {
     bool bf16_products = false;

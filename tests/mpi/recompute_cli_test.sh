@@ -78,7 +78,7 @@ for job in gpt-fp32 gpt-bf16 gpt-offload-bf16 llama-fp32 llama-bf16 mlp-bf16; do
   done
 done
 
-# Less kept means a lower peak: the measured activations category (host memory on the host device) of full
+# Less kept means a lower peak: the measured activations category (device memory of the host device) of full
 # and selective below none's, full the lowest (Llama, np 1).
 python3 - "$tmp/llama-fp32-np1" <<'PY' || fail "recomputation did not lower the measured activations"
 import json, sys

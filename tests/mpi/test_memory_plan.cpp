@@ -204,7 +204,7 @@ TEST_CASE("each knob moves the measured peak as the plan says", "[memory][knobs]
       {"reduce_bucket_size", with(R"("reduce_bucket_size": 2000)"), with(R"("reduce_bucket_size": 40000)"),
        MemoryKind::device, MemCategory::comm_buffer},
       {"sub_group_size", sub_low, sub_high, MemoryKind::pinned_host, MemCategory::staging},
-      {"train_micro_batch_size_per_gpu", micro_low, micro_high, MemoryKind::pageable_host, MemCategory::activations},
+      {"train_micro_batch_size_per_gpu", micro_low, micro_high, MemoryKind::device, MemCategory::activations},
   };
   for (const Knob& k : knobs) {
     const Outcome low = run_job(k.low);
