@@ -231,6 +231,24 @@ void parse_spike(ObjectReader& z, Context& cx) {
   r.finish();
 }
 
+void parse_accumulation(ObjectReader& z, Context& cx) {
+  const Json* j = z.get_object("accumulation");
+  if (j == nullptr) return;
+  ObjectReader r(*j, z.path_of("accumulation"), "zero3.accumulation", cx.sink);
+  AccumulationSettings& a = cx.config.zero3.accumulation;
+  std::string policy;
+  r.get_choice("policy", policy, {"fixed", "memory"});
+  a.policy = policy == "memory" ? AccumulationPolicy::memory : AccumulationPolicy::fixed;
+  r.get_number("high", a.high);
+  r.get_number("low", a.low);
+  r.get_int("rounds", a.rounds);
+  if (a.low >= a.high) {
+    r.error("low", fmt::format("{} is not below high ({}): the micro-batch would grow and shrink on the same use",
+                               a.low, a.high));
+  }
+  r.finish();
+}
+
 }  // namespace
 
 void parse_zero3_block(ObjectReader& top, Context& cx) {
@@ -257,6 +275,7 @@ void parse_zero3_block(ObjectReader& top, Context& cx) {
   parse_alerts(r, cx);
   parse_nonfinite(r, cx);
   parse_spike(r, cx);
+  parse_accumulation(r, cx);
   std::string device;
   r.get_choice("device", device, {"auto", "host", "cuda"});
   s.device = device == "host" ? DeviceChoice::host : device == "cuda" ? DeviceChoice::cuda : DeviceChoice::automatic;

@@ -557,6 +557,8 @@ constexpr KeySpec kKeys[] = {
      "a command run with each warning/error event on stdin (docs/train.md)"},
     {"zero3", "nonfinite", "object", "{}", S::implemented, A::rejected, "steps with Inf/NaN gradients or loss"},
     {"zero3", "spike", "object", "{}", S::implemented, A::rejected, "loss-spike detector and action"},
+    {"zero3", "accumulation", "object", "{}", S::implemented, A::rejected,
+     "micro-batch and accumulation driven by device memory use"},
     {"zero3", "device", "\"auto\" | \"host\" | \"cuda\"", "\"auto\"", S::implemented, A::rejected,
      "auto: cuda when a GPU is present, else host"},
     {"zero3.model", "type", "\"gpt\" | \"mlp\" | \"llama\"", "\"gpt\"", S::implemented, A::rejected,
@@ -628,6 +630,13 @@ constexpr KeySpec kKeys[] = {
      "rollback: batches after the checkpoint not trained on (at least up to the spike's)"},
     {"zero3.spike", "max_consecutive", int_min(1), "10", S::implemented, A::rejected,
      "this many spikes without a normal step between end the run"},
+    {"zero3.accumulation", "policy", "\"fixed\" | \"memory\"", "\"fixed\"", S::implemented, A::rejected,
+     "memory: the micro-batch halves above high and doubles below low (global batch and samples kept)"},
+    {"zero3.accumulation", "high", num_open(0, 1), "0.9", S::implemented, A::rejected,
+     "peak device memory use, as a fraction of the device's, that halves the micro-batch"},
+    {"zero3.accumulation", "low", num_open(0, 1), "0.75", S::implemented, A::rejected,
+     "below this on every rank the micro-batch doubles (up to the configured one); must be < high"},
+    {"zero3.accumulation", "rounds", int_min(1), "3", S::implemented, A::rejected, "steps in a row before a change"},
 };
 
 }  // namespace

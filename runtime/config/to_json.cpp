@@ -73,6 +73,10 @@ std::string_view to_string(CommBackend v) {
   }
   return "?";
 }
+std::string_view to_string(AccumulationPolicy v) {
+  return v == AccumulationPolicy::memory ? "memory" : "fixed";
+}
+
 std::string_view to_string(NonfinitePolicy v) {
   return v == NonfinitePolicy::abort ? "abort" : "skip";
 }
@@ -305,6 +309,9 @@ Json zero3_json(const Zero3Settings& s) {
                 {"rewarm_steps", sp.rewarm_steps},
                 {"skip_batches", sp.skip_batches},
                 {"max_consecutive", sp.max_consecutive}};
+  const AccumulationSettings& ac = s.accumulation;
+  j["accumulation"] = {
+      {"policy", str(to_string(ac.policy))}, {"high", ac.high}, {"low", ac.low}, {"rounds", ac.rounds}};
   j["device"] = str(to_string(s.device));
   return j;
 }

@@ -39,7 +39,6 @@ TokenWindows::TokenWindows(const config::Config& config, int rank, int world_siz
       world_size_(world_size),
       seed_(config.zero3.seed),
       global_batch_(config.batch.train_batch_size),
-      micro_(config.batch.train_micro_batch_size_per_gpu),
       source_(make_source(config)) {
   const std::int64_t context = options_.context;
   const std::int64_t train_samples = source_->num_samples(data::Split::train, context);
@@ -71,10 +70,10 @@ void TokenWindows::append_window(data::Split split, std::int64_t index, TokenBat
   ++out.batch;
 }
 
-TokenBatch TokenWindows::micro_batch(std::int64_t step, std::int64_t micro) {
+TokenBatch TokenWindows::micro_batch(std::int64_t step, std::int64_t micro, std::int64_t micro_size) {
   TokenBatch b;
   b.len = static_cast<int>(options_.context);
-  for (const std::int64_t i : sampler_->micro_batch(step, micro, micro_)) append_window(data::Split::train, i, b);
+  for (const std::int64_t i : sampler_->micro_batch(step, micro, micro_size)) append_window(data::Split::train, i, b);
   return b;
 }
 

@@ -16,6 +16,7 @@
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 #include "zero3/core/trace.hpp"
+#include "zero3/train/accumulation.hpp"
 #include "zero3/train/step_guard.hpp"
 
 namespace zero3::train {
@@ -64,6 +65,16 @@ Trainer::Trainer(UnitTrainer& unit_trainer, TrainData& data, TrainerOptions opti
   checkpointer_ =
       std::make_unique<ckpt::Checkpointer>(unit_trainer_.engine(), unit_trainer_.bootstrap(), options_.checkpoint);
   guard_ = std::make_unique<StepGuard>(unit_trainer_.engine(), unit_trainer_.bootstrap(), !options_.save_dir.empty());
+  const config::Config& config = unit_trainer_.engine().config();
+  if (config.zero3.accumulation.policy == config::AccumulationPolicy::memory) {
+    if (!unit_trainer_.device_budget_bytes()) {
+      throw UsageError("Trainer: zero3.accumulation.policy \"memory\" needs the UnitTrainer's device budget");
+    }
+    // The configured batch: the unit trainer may have started at a smaller micro-batch already.
+    accumulation_ =
+        std::make_unique<MemoryAccumulation>(config.zero3.accumulation, unit_trainer_.configured_batch(),
+                                             *unit_trainer_.device_budget_bytes(), unit_trainer_.bootstrap()->rank());
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -84,6 +95,7 @@ std::int64_t Trainer::resume() {
       checkpointer_->load(options_.resume == "latest" ? options_.save_dir : options_.resume);
   data_.check_resume(loaded.trainer_state, loaded.step);
   guard_->restore(loaded.trainer_state);
+  if (accumulation_) accumulation_->restore(unit_trainer_.engine(), loaded.trainer_state);
   has_checkpoint_ = options_.resume == "latest" || options_.resume == options_.save_dir;
   notify([&](TrainObserver& o) { o.on_resume(loaded); });
   return loaded.step;
@@ -107,7 +119,9 @@ void Trainer::inject_faults(std::int64_t step, std::int64_t& micro_batches) {
 }
 
 double Trainer::train_step(std::int64_t step) {
-  const std::int64_t gas = unit_trainer_.engine().config().batch.gradient_accumulation_steps;
+  const config::BatchConfig batch = unit_trainer_.engine().config().batch;  // this step's
+  const std::int64_t gas = batch.gradient_accumulation_steps;
+  if (accumulation_) accumulation_->begin_step(unit_trainer_.engine());
   double loss_sum = 0.0;
   StepResult r;
   std::int64_t micro_batches = gas;
@@ -117,7 +131,8 @@ double Trainer::train_step(std::int64_t step) {
     // more, and hide it from the desync guard).
     unit_trainer_.engine().watchdog().progress().set(step, m);
     // An injected extra micro-batch repeats the last one.
-    const TokenBatch b = data_.micro_batch(guard_->data_step(step), std::min(m, gas - 1));
+    const TokenBatch b =
+        data_.micro_batch(guard_->data_step(step), std::min(m, gas - 1), batch.train_micro_batch_size_per_gpu);
     const double loss = unit_trainer_.micro_batch(b.tokens, b.targets, b.batch, b.len);
     loss_sum += loss;
     guard_->on_micro_loss(loss);
@@ -125,10 +140,12 @@ double Trainer::train_step(std::int64_t step) {
       guard_->before_boundary(step, loss_sum / static_cast<double>(gas), has_checkpoint_);
       // A stop request rides on the boundary's all-reduce: no collective of its own in the common case.
       if (options_.stop_on_request && stop_requested() != 0) unit_trainer_.engine().mark_stop_request();
+      if (accumulation_) accumulation_->before_boundary(unit_trainer_.engine());
     }
     r = unit_trainer_.step();
   }
   guard_->after_boundary(r);
+  if (accumulation_) accumulation_->after_boundary(unit_trainer_.engine(), r, step + 1);
   last_result_ = r;
   return loss_sum / static_cast<double>(gas);
 }
@@ -205,6 +222,7 @@ void Trainer::maybe_save(std::int64_t done, bool force) {
   if (!(due || force)) return;
   nlohmann::json state = data_.position(done);
   state[StepGuard::kStateKey] = guard_->state();
+  if (accumulation_) state[MemoryAccumulation::kStateKey] = accumulation_->state(unit_trainer_.engine());
   Engine& engine = unit_trainer_.engine();
   if (engine.config().memory_breakdown || trace::enabled()) engine.memory().enter_phase("checkpoint staging");
   checkpointer_->save(options_.save_dir, fmt::format("global_step{}", done), done, state);

@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "zero3/core/error.hpp"
+#include "zero3/core/events.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/core/trace.hpp"
+#include "zero3/train/accumulation.hpp"
 #include "zero3/train/init_from.hpp"
 #include "zero3/train/unit_walk.hpp"
 
@@ -48,6 +50,7 @@ UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
                          std::shared_ptr<comm::Bootstrap> bootstrap, const ModelFactory& make_model,
                          const MemoryCheck& check)
     : timed_(config.wall_clock_breakdown),
+      configured_batch_(config.batch),
       bootstrap_(bootstrap ? std::move(bootstrap) : comm::make_mpi_bootstrap(world)) {
   EngineResources resources;
   resources.bootstrap = bootstrap_;
@@ -68,30 +71,80 @@ UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
   engine_->finalize();
 }
 
-void UnitTrainer::check_memory(const config::Config& config, const comm::World& world, const MemoryCheck& check) {
-  Device& device = engine_->device();
+MemoryPlan UnitTrainer::plan_for(const config::Config& config, const comm::World& world, const MemoryCheck& check,
+                                 std::int64_t micro_batch) {
+  config::Config c = config;
+  c.batch.train_micro_batch_size_per_gpu = micro_batch;
+  c.batch.gradient_accumulation_steps = c.batch.train_batch_size / (c.batch.world_size * micro_batch);
   const models::UnitModel::ActivationShape shape{
-      .micro_batch = static_cast<int>(config.batch.train_micro_batch_size_per_gpu),
+      .micro_batch = static_cast<int>(micro_batch),
       .eval_batch = check.eval_batch,
       .len = check.len,
       .params = config.model_dtype(),
       .recompute = config.zero3.model ? config.zero3.model->activation_checkpointing : Recompute::none};
-  plan_ = plan_memory(
-      model_->units(), config,
+  return plan_memory(
+      model_->units(), c,
       {.ranks_per_node = world.local_size,
-       .device = device.kind(),
+       .device = engine_->device().kind(),
        .activations = {.bytes = model_->planned_activation_bytes(shape), .kind = model_->activation_memory()},
        .checkpoint_staging_bytes = check.checkpoint_staging_bytes});
+}
+
+void UnitTrainer::start_at(const config::Config& config, std::int64_t micro, int rank) {
+  const config::BatchConfig& b = config.batch;
+  const std::int64_t accumulation = b.train_batch_size / b.world_size / micro;
+  engine_->set_accumulation(micro, accumulation);
+  if (rank != 0) return;  // every rank starts alike; one reports
+  events::emit({.level = log::Level::info,
+                .kind = "accumulation_changed",
+                .step = 0,
+                .message = fmt::format(
+                    "zero3.accumulation: micro-batch {} is planned past {:.0f}% of the device's {:.2f} MiB: "
+                    "micro-batch {} -> {}, gradient accumulation {} -> {} (global batch {} kept)",
+                    b.train_micro_batch_size_per_gpu, 100.0 * config.zero3.accumulation.high,
+                    static_cast<double>(device_budget_bytes_.value_or(0)) / (1 << 20), b.train_micro_batch_size_per_gpu,
+                    micro, b.gradient_accumulation_steps, accumulation, b.train_batch_size),
+                .figures = {{"micro_batch_from", static_cast<double>(b.train_micro_batch_size_per_gpu)},
+                            {"micro_batch_to", static_cast<double>(micro)},
+                            {"accumulation_from", static_cast<double>(b.gradient_accumulation_steps)},
+                            {"accumulation_to", static_cast<double>(accumulation)}},
+                .fields = {{"reason", "plan"}}});
+}
+
+void UnitTrainer::check_memory(const config::Config& config, const comm::World& world, const MemoryCheck& check) {
+  Device& device = engine_->device();
   std::optional<std::uint64_t> free = device.free_device_bytes();
   if (check.device_memory_bytes) free = std::min(free.value_or(*check.device_memory_bytes), *check.device_memory_bytes);
+  std::int64_t micro = config.batch.train_micro_batch_size_per_gpu;
+  if (config.zero3.accumulation.policy == config::AccumulationPolicy::memory) {
+    if (!free) {
+      throw ConfigError(
+          "zero3.accumulation.policy: \"memory\" sizes the micro-batch by the device's memory, and this device has "
+          "no limit (the host backend simulates one with `zero3 train --device-memory-gb`)");
+    }
+    device_budget_bytes_ = *free + engine_->memory().total(MemoryKind::device).current_bytes;
+    const config::BatchConfig& b = config.batch;
+    const std::vector<std::int64_t> choices = micro_batch_choices(b.train_batch_size / b.world_size, micro);
+    micro = starting_micro_batch(config.zero3.accumulation, choices, *device_budget_bytes_, [&](std::int64_t m) {
+      return plan_for(config, world, check, m).peak_total(MemoryKind::device);
+    });
+  }
+  plan_ = plan_for(config, world, check, micro);
   const std::uint64_t need = plan_.peak_total(MemoryKind::device);
-  if (!free || need <= *free) return;
+  if (!free || need <= *free) {
+    if (micro != config.batch.train_micro_batch_size_per_gpu) start_at(config, micro, world.rank);
+    return;
+  }
   constexpr double kMiB = 1 << 20;
+  const std::string at = micro == config.batch.train_micro_batch_size_per_gpu
+                             ? ""
+                             : fmt::format(" (at micro-batch {}, the smallest zero3.accumulation can take)", micro);
   throw ConfigError(fmt::format(
-      "memory: the job's plan needs {:.2f} MiB of device memory per rank and the device has {:.2f} MiB free; by "
+      "memory: the job's plan needs {:.2f} MiB of device memory per rank{} and the device has {:.2f} MiB free; by "
       "category:\n{}(`zero3 mem plan --config ... --world-size {}` shows the whole plan; offload_optimizer, "
-      "offload_param, stage3_max_live_parameters, stage3_prefetch_bucket_size and a smaller micro-batch lower it)",
-      static_cast<double>(need) / kMiB, static_cast<double>(*free) / kMiB, plan_.describe_kind(MemoryKind::device),
+      "offload_param, stage3_max_live_parameters, stage3_prefetch_bucket_size, a smaller micro-batch and "
+      "zero3.model.activation_checkpointing lower it)",
+      static_cast<double>(need) / kMiB, at, static_cast<double>(*free) / kMiB, plan_.describe_kind(MemoryKind::device),
       world.size));
 }
 

@@ -41,7 +41,7 @@ std::vector<double> transitions() {
 
 class BigramChain final : public zero3::train::TrainData {
  public:
-  BigramChain(int micro_batch, int heldout) : p_(transitions()), micro_batch_(micro_batch) {
+  explicit BigramChain(int heldout) : p_(transitions()) {
     // Stationary distribution by power iteration; windows start from it, so every prediction's expected
     // loss is the entropy rate.
     pi_.assign(kVocab, 1.0 / kVocab);
@@ -57,8 +57,8 @@ class BigramChain final : public zero3::train::TrainData {
     heldout_ = windows(heldout, 1u << 30);
   }
 
-  zero3::train::TokenBatch micro_batch(std::int64_t step, std::int64_t micro) override {
-    return windows(micro_batch_, static_cast<std::uint64_t>(step * 1000 + micro));
+  zero3::train::TokenBatch micro_batch(std::int64_t step, std::int64_t micro, std::int64_t micro_size) override {
+    return windows(static_cast<int>(micro_size), static_cast<std::uint64_t>(step * 1000 + micro));
   }
   zero3::train::TokenBatch heldout() override { return heldout_; }
   std::int64_t heldout_windows() const override { return heldout_.batch; }
@@ -92,7 +92,6 @@ class BigramChain final : public zero3::train::TrainData {
 
   std::vector<double> p_;
   std::vector<double> pi_;
-  int micro_batch_;
   double floor_ = 0.0;
   zero3::train::TokenBatch heldout_;
 };
@@ -176,7 +175,7 @@ zero3::train::TrainSummary train(const zero3::config::Config& config,
                                  const std::filesystem::path& dir, std::int64_t steps, bool resume, Counter& counter) {
   zero3::comm::World world;  // one process
   world.source = "consumer";
-  BigramChain data(static_cast<int>(config.batch.train_micro_batch_size_per_gpu), 256);
+  BigramChain data(256);
   zero3::train::UnitTrainer unit_trainer(config, world, bootstrap,
                                          [](zero3::Device&) { return std::make_unique<BigramModel>(); });
   zero3::train::TrainerOptions options;

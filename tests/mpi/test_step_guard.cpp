@@ -99,9 +99,9 @@ class RecordingData final : public train::TrainData {
   RecordingData(const config::Config& cfg, std::vector<std::int64_t>& served)
       : inner_(cfg, rank(), env().world.size, {.context = 2, .predictions_per_window = 1, .heldout_windows = 32}),
         served_(served) {}
-  train::TokenBatch micro_batch(std::int64_t step, std::int64_t micro) override {
+  train::TokenBatch micro_batch(std::int64_t step, std::int64_t micro, std::int64_t micro_size) override {
     served_.push_back(step);
-    return inner_.micro_batch(step, micro);
+    return inner_.micro_batch(step, micro, micro_size);
   }
   train::TokenBatch heldout() override { return inner_.heldout(); }
   std::int64_t heldout_windows() const override { return inner_.heldout_windows(); }

@@ -12,3 +12,6 @@ zero3_mpi_test(step_guard SOURCES mpi/test_step_guard.cpp LIBS zero3_test_suppor
 # Tied embeddings (tests/mpi/test_tied_embeddings.cpp): a Llama whose head borrows the embedding unit, its
 # gradients through the engine against the float64 model's, in place at world size 1 and sharded.
 zero3_mpi_test(tied_embeddings SOURCES mpi/test_tied_embeddings.cpp LIBS zero3_train zero3_model_factory NP 1 2 4)
+# zero3.accumulation's memory policy (tests/mpi/test_accumulation.cpp): the micro-batch follows the planned and
+# measured device memory, the losses and samples of the fixed job kept, through a resume.
+zero3_mpi_test(accumulation SOURCES mpi/test_accumulation.cpp LIBS zero3_train zero3_model_factory NP 1 2)

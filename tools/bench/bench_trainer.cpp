@@ -37,7 +37,8 @@ std::string zero3_block(const ModelShape& shape) {
 
 BenchData::BenchData(const config::Config& config, const comm::World& world)
     : windows_(config, world.rank, world.size,
-               {.context = config.zero3.model->seq_len, .predictions_per_window = config.zero3.model->seq_len}) {}
+               {.context = config.zero3.model->seq_len, .predictions_per_window = config.zero3.model->seq_len}),
+      micro_(config.batch.train_micro_batch_size_per_gpu) {}
 
 Zero3Trainer::Zero3Trainer(const config::Config& config, const comm::World& world, const ModelShape& shape,
                            std::shared_ptr<comm::Bootstrap> bootstrap)

@@ -45,10 +45,11 @@ std::string zero3_block(const ModelShape& shape);
 class BenchData {
  public:
   BenchData(const config::Config& config, const comm::World& world);
-  train::TokenBatch batch(std::int64_t step) { return windows_.micro_batch(step, 0); }
+  train::TokenBatch batch(std::int64_t step) { return windows_.micro_batch(step, 0, micro_); }
 
  private:
   train::TokenWindows windows_;
+  std::int64_t micro_;
 };
 
 class Zero3Trainer {

@@ -30,6 +30,7 @@ enum class DeviceChoice : std::uint8_t { automatic, host, cuda };
 enum class NonfinitePolicy : std::uint8_t { skip, abort };
 enum class SpikeDetector : std::uint8_t { ratio, zscore };
 enum class SpikeAction : std::uint8_t { skip, reset_moments, rollback };
+enum class AccumulationPolicy : std::uint8_t { fixed, memory };
 
 // The spellings used in the JSON file ("cpu", "AdamW", "WarmupDecayLR", "Warn", "auto", ...).
 std::string_view to_string(OffloadDevice v);
@@ -43,6 +44,7 @@ std::string_view to_string(DeviceChoice v);
 std::string_view to_string(NonfinitePolicy v);
 std::string_view to_string(SpikeDetector v);
 std::string_view to_string(SpikeAction v);
+std::string_view to_string(AccumulationPolicy v);
 
 // DeepSpeed's batch rule (train_batch_size == micro batch * gradient accumulation * world size) holds here.
 struct BatchConfig {
@@ -334,6 +336,18 @@ struct SpikeSettings {
       row_int(blocks::zero3_spike, "max_consecutive");  // spikes in a row (no normal step between) that end the run
 };
 
+// zero3.accumulation: what sets the micro-batch. "fixed": the configured one. "memory": each rank's peak use
+// of its device memory moves it at a step boundary (halved above `high` for `rounds` steps in a row, doubled
+// below `low` on every rank, never above the configured micro-batch), the gradient accumulation moving the
+// other way, so every step keeps the global batch and its samples in their order (zero3/train/accumulation.hpp).
+struct AccumulationSettings {
+  AccumulationPolicy policy =
+      row_enum<AccumulationPolicy, AccumulationPolicy::memory>(blocks::zero3_accumulation, "policy");
+  double high = row_number(blocks::zero3_accumulation, "high");  // fraction of the device memory
+  double low = row_number(blocks::zero3_accumulation, "low");
+  std::int64_t rounds = row_int(blocks::zero3_accumulation, "rounds");  // steps in a row before a change
+};
+
 struct Zero3Settings {
   std::int64_t seed = row_int(blocks::zero3, "seed");
   bool strict = row_bool(
@@ -350,6 +364,7 @@ struct Zero3Settings {
   AlertSettings alerts;
   NonfiniteSettings nonfinite;
   SpikeSettings spike;
+  AccumulationSettings accumulation;
   DeviceChoice device = row_enum<DeviceChoice, DeviceChoice::cuda>(blocks::zero3, "device");
 };
 

@@ -165,6 +165,7 @@ inline constexpr std::string_view zero3_run = "zero3.run";
 inline constexpr std::string_view zero3_comm = "zero3.comm";
 inline constexpr std::string_view zero3_nonfinite = "zero3.nonfinite";
 inline constexpr std::string_view zero3_spike = "zero3.spike";
+inline constexpr std::string_view zero3_accumulation = "zero3.accumulation";
 }  // namespace blocks
 
 // A row's default as a value of the field it initializes: the default is written once, in its row, and both the

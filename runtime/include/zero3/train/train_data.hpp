@@ -28,8 +28,10 @@ struct TokenBatch {
 class TrainData {
  public:
   virtual ~TrainData() = default;
-  // This rank's micro-batch `micro` (0 .. accumulation - 1) of optimizer step `step`.
-  virtual TokenBatch micro_batch(std::int64_t step, std::int64_t micro) = 0;
+  // This rank's micro-batch `micro` (0 .. accumulation - 1) of optimizer step `step`, `micro_size` windows: the
+  // step's samples of this rank are the same, in the same order, whatever micro_size cuts them into
+  // (zero3.accumulation changes it between steps).
+  virtual TokenBatch micro_batch(std::int64_t step, std::int64_t micro, std::int64_t micro_size) = 0;
   // This rank's share of the held-out set (possibly no window), and the windows of all ranks together.
   virtual TokenBatch heldout() = 0;
   virtual std::int64_t heldout_windows() const = 0;
@@ -64,7 +66,7 @@ class TokenWindows final : public TrainData {
   // held-out window.
   TokenWindows(const config::Config& config, int rank, int world_size, const TokenWindowsOptions& options);
 
-  TokenBatch micro_batch(std::int64_t step, std::int64_t micro) override;
+  TokenBatch micro_batch(std::int64_t step, std::int64_t micro, std::int64_t micro_size) override;
   TokenBatch heldout() override;
   std::int64_t heldout_windows() const override { return heldout_total_; }
   std::int64_t predictions_per_window() const override { return options_.predictions_per_window; }
@@ -81,7 +83,6 @@ class TokenWindows final : public TrainData {
   int world_size_;
   std::int64_t seed_;
   std::int64_t global_batch_;
-  std::int64_t micro_;
   std::unique_ptr<data::TokenSource> source_;
   std::optional<data::DistributedSampler> sampler_;
   std::int64_t heldout_total_ = 0;

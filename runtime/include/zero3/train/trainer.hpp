@@ -42,7 +42,8 @@ struct TrainerOptions {
   bool stop_on_request = true;
 };
 
-class StepGuard;  // step_guard.hpp
+class StepGuard;           // step_guard.hpp
+class MemoryAccumulation;  // accumulation.hpp
 
 struct TrainSummary {
   std::int64_t start_step = 0;  // > 0 after a resume
@@ -98,6 +99,7 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   std::unique_ptr<StepGuard> guard_;
+  std::unique_ptr<MemoryAccumulation> accumulation_;  // zero3.accumulation.policy "memory" only
   std::vector<std::shared_ptr<TrainObserver>> observers_;
   TrainSummary summary_;
   StepResult last_result_;

@@ -76,6 +76,12 @@ class UnitTrainer {
   models::UnitModel& model() { return *model_; }
   // The job's memory plan, made at start-up (this rank's; every rank's is the same).
   const MemoryPlan& memory_plan() const { return plan_; }
+  // The device memory of this rank that zero3.accumulation's memory policy measures against (set under
+  // that policy only: the device's free memory at start-up, or --device-memory-gb, plus what the engine
+  // holds then).
+  std::optional<std::uint64_t> device_budget_bytes() const { return device_budget_bytes_; }
+  // The batch as configured (engine().config().batch is the one in force, which that policy changes).
+  const config::BatchConfig& configured_batch() const { return configured_batch_; }
   // The job's bootstrap (the one given, or the MPI one made for `world`): for the loop's own collectives.
   const std::shared_ptr<comm::Bootstrap>& bootstrap() const { return bootstrap_; }
 
@@ -92,14 +98,22 @@ class UnitTrainer {
 
  private:
   void report_activations();
+  // Plans the job's memory (and, under zero3.accumulation's memory policy, picks the micro-batch it starts
+  // with); ConfigError when the plan does not fit the device.
   void check_memory(const config::Config& config, const comm::World& world, const MemoryCheck& check);
+  // Sets the engine's accumulation for the micro-batch the memory policy starts with, and reports it.
+  void start_at(const config::Config& config, std::int64_t micro, int rank);
+  MemoryPlan plan_for(const config::Config& config, const comm::World& world, const MemoryCheck& check,
+                      std::int64_t micro_batch);
 
   bool timed_;
+  config::BatchConfig configured_batch_;
   std::shared_ptr<comm::Bootstrap> bootstrap_;
   // Destroyed after the engine, whose destructor drains the streams that may still read the model's buffers.
   std::unique_ptr<models::UnitModel> model_;
   std::unique_ptr<Engine> engine_;
   MemoryPlan plan_;
+  std::optional<std::uint64_t> device_budget_bytes_;
   std::size_t reported_activations_ = 0;
   MemoryKind reported_kind_ = MemoryKind::pageable_host;
   StepSplit window_;  // the accumulation window in progress
