@@ -161,7 +161,7 @@ void GptModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<cons
   pass_ = pass;
   next_forward_ = 0;
   next_backward_ = 0;
-  const std::size_t streams = pass == Pass::train ? idx(config_.layers) + 1 : 2;
+  const std::size_t streams = pass != Pass::train ? 2 : kept_.enabled() ? 3 : idx(config_.layers) + 1;
   if (residual_.size() < streams) residual_.resize(streams);
   const std::size_t block_sets = pass == Pass::train && recompute_ != Recompute::full ? idx(config_.layers) : 1;
   if (blocks_.size() < block_sets) blocks_.resize(block_sets);
@@ -216,17 +216,17 @@ void GptModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
   const Index d = idx(config_.hidden);
   const bool train = pass_ == Pass::train;
   // Train keeps every unit's output; eval alternates two buffers (unit u writes u % 2).
-  auto stream = [&](std::size_t u) -> std::vector<T>& { return residual_[train ? u : u % 2]; };
   if (unit == 0) {
-    detail::resize_exact(stream(0), rows * d);
-    forward_embed(params, stream(0).data());
+    detail::resize_exact(residual(0), rows * d);
+    forward_embed(params, residual(0).data());
   } else if (unit + 1 < num_units()) {
-    std::vector<T>& out = stream(unit);
+    std::vector<T>& out = residual(unit);
     detail::resize_exact(out, rows * d);
     BlockActs& kept = train ? kept_acts(unit) : blocks_[0];
-    forward_block(kept, train ? recomputed_acts(unit) : kept, params, stream(unit - 1).data(), out.data());
+    forward_block(kept, train ? recomputed_acts(unit) : kept, params, residual(unit - 1).data(), out.data());
+    if (train && kept_.enabled()) kept_.offload(unit - 1, residual(unit - 1));
   } else {
-    forward_head(params, stream(unit - 1).data());
+    forward_head(params, residual(unit - 1).data());
     if (train) next_backward_ = num_units();
   }
   ++next_forward_;
@@ -340,7 +340,7 @@ void GptModel<T>::backward_head(std::span<const T* const> p, std::span<T* const>
   detail::resize_exact(dnarrow_, rows * d);
   linear_bwd(p, 2, lnf_.data(), logits_.data(), dnarrow_.data(), g[2], nullptr, rows, d, vocab);
   dresidual_.assign(rows * d, T(0));
-  ops::layernorm_backward(residual_[idx(config_.layers)].data(), p[0], lnf_stat_.data(), dnarrow_.data(),
+  ops::layernorm_backward(residual(idx(config_.layers)).data(), p[0], lnf_stat_.data(), dnarrow_.data(),
                           dresidual_.data(), g[0], g[1], rows, d);
 }
 
@@ -350,7 +350,8 @@ void GptModel<T>::backward_block(std::size_t unit, std::span<const T* const> p, 
   const Index d = idx(config_.hidden);
   const Index f = idx(config_.mlp_hidden());
   const Index len = idx(len_);
-  const T* in = residual_[unit - 1].data();
+  if (kept_.enabled()) kept_.restore(unit - 1, residual(unit - 1));
+  const T* in = residual(unit - 1).data();
   BlockActs& a = kept_acts(unit);
   BlockActs& r = recomputed_acts(unit);
   if (recompute_ == Recompute::full) {
@@ -410,10 +411,40 @@ void GptModel<T>::set_recompute(Recompute mode) {
     throw UsageError("GptModel::set_recompute: called between a train pass's forward and its backward");
   }
   if (mode == recompute_) return;
+  if (kept_.enabled() && mode != Recompute::full) {
+    throw UsageError(
+        "GptModel::set_recompute: cpu_checkpointing offloads the inputs of full recomputation; turn it "
+        "off first");
+  }
   recompute_ = mode;
   // What the last mode kept is not what this one keeps: start from nothing (set_batch sizes blocks_ again).
   blocks_.clear();
   recomputed_ = BlockActs{};
+}
+
+template <typename T>
+std::vector<T>& GptModel<T>::residual(std::size_t u) {
+  if (pass_ != Pass::train) return residual_[u % 2];
+  if (!kept_.enabled()) return residual_[u];
+  // Offloaded: two buffers take turns as the blocks' inputs and outputs, the host store keeps each block's
+  // input, and the last block's output (the head's input) has a third of its own.
+  return u == idx(config_.layers) ? residual_[2] : residual_[u % 2];
+}
+
+template <typename T>
+void GptModel<T>::set_offload_kept_inputs(bool on) {
+  if (next_forward_ != 0 && next_backward_ != 0) {
+    throw UsageError("GptModel::set_offload_kept_inputs: called between a train pass's forward and its backward");
+  }
+  if (on && recompute_ != Recompute::full) {
+    throw UsageError(
+        fmt::format("GptModel: cpu_checkpointing offloads the inputs full recomputation keeps, and the "
+                    "model recomputes \"{}\" (zero3.model.activation_checkpointing \"full\")",
+                    to_string(recompute_)));
+  }
+  if (on == kept_.enabled()) return;
+  kept_.set_enabled(on);
+  residual_.clear();  // set_batch sizes the streams again for this layout
 }
 
 template <typename T>
@@ -445,7 +476,7 @@ std::size_t GptModel<T>::activation_bytes() const {
 
 template <typename T>
 std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products,
-                                                  Recompute recompute) const {
+                                                  Recompute recompute, bool offload) const {
   const Index d = idx(config_.hidden);
   const Index f = idx(config_.mlp_hidden());
   const Index vocab = idx(config_.vocab_size);
@@ -464,7 +495,14 @@ std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
   const bool selective = recompute == Recompute::selective;
   const auto dropped = [&](Index r) { return selective ? r * d * 2 + r * f : 0; };
   Index elems = 0;
-  for (Index u = 0; u <= layers; ++u) elems += u < 2 ? both(d) : rows * d;  // residual_: eval uses two
+  // residual_: a train pass keeps every unit's output, the held-out pass alternates two.
+  if (offload) {
+    // residual(): the held-out pass's two buffers, which a train pass shares (the second from 2 layers on),
+    // and the head's input.
+    elems += both(d) + std::max(layers >= 2 ? rows : 0, eval_rows) * d + rows * d;
+  } else {
+    for (Index u = 0; u <= layers; ++u) elems += u < 2 ? both(d) : rows * d;
+  }
   const Index kept_blocks = recompute == Recompute::full ? 1 : layers;
   for (Index b = 0; b < kept_blocks; ++b) {
     if (b > 0) {
@@ -484,6 +522,12 @@ std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
     bytes += (both(std::max(d, f)) + rows * std::max({3 * d, f, vocab})) * sizeof(bf16_t);
   }
   return bytes;
+}
+
+template <typename T>
+std::size_t GptModel<T>::planned_offloaded_bytes(int micro_batch, int len) const {
+  // residual_[0 .. layers - 1], the blocks' inputs, each [rows, hidden].
+  return idx(config_.layers) * idx(micro_batch) * idx(len) * idx(config_.hidden) * sizeof(T);
 }
 
 template class GptModel<float>;

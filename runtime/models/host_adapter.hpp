@@ -107,6 +107,22 @@ class HostAdapter final : public UnitModel {
     }
   }
 
+  bool can_offload_kept_inputs() const override { return kOffloads; }
+  void set_offload_kept_inputs(bool on) override {
+    if constexpr (kOffloads) {
+      model_.set_offload_kept_inputs(on);
+    } else {
+      UnitModel::set_offload_kept_inputs(on);
+    }
+  }
+  KeptInputsOffload take_kept_inputs_offload() override {
+    if constexpr (kOffloads) {
+      return {.host_bytes = model_.kept_inputs().host_bytes(), .exposed_copy_ms = model_.kept_inputs().take_copy_ms()};
+    } else {
+      return {};
+    }
+  }
+
   std::size_t activation_bytes() const override {
     std::size_t scratch = 0;
     for (const auto& s : param_scratch_) scratch += s.capacity() * sizeof(float);
@@ -144,15 +160,25 @@ class HostAdapter final : public UnitModel {
     std::size_t model = 0;
     if constexpr (requires(const Model& m) { m.planned_activation_bytes(0, 0, 0, false, Recompute::none); }) {
       model = model_.planned_activation_bytes(shape.micro_batch, shape.eval_batch, shape.len, bf16_products,
-                                              shape.recompute);
+                                              shape.recompute, shape.offload_kept_inputs);
     } else {
-      model = model_.planned_activation_bytes(shape.micro_batch, shape.eval_batch, shape.recompute);
+      model = model_.planned_activation_bytes(shape.micro_batch, shape.eval_batch, shape.recompute,
+                                              shape.offload_kept_inputs);
     }
     return model + scratch * sizeof(float);
+  }
+  std::size_t planned_offloaded_bytes(const ActivationShape& shape) const override {
+    if (!shape.offload_kept_inputs) return 0;
+    if constexpr (requires(const Model& m) { m.planned_offloaded_bytes(0, 0); }) {
+      return model_.planned_offloaded_bytes(shape.micro_batch, shape.len);
+    } else {
+      return model_.planned_offloaded_bytes(shape.micro_batch);
+    }
   }
 
  private:
   static constexpr bool kRecomputes = requires(Model & m) { m.set_recompute(Recompute::full); };
+  static constexpr bool kOffloads = requires(Model & m) { m.set_offload_kept_inputs(true); };
   static constexpr bool kTakesBf16 = requires(const Model& m) { m.bf16_operand(std::size_t{}, std::size_t{}); };
   static constexpr std::size_t kConvertChunk = std::size_t{1} << 14;
 

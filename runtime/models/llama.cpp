@@ -177,7 +177,7 @@ void LlamaModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<co
   pass_ = pass;
   next_forward_ = 0;
   next_backward_ = 0;
-  const std::size_t streams = pass == Pass::train ? idx(config_.layers) + 1 : 2;
+  const std::size_t streams = pass != Pass::train ? 2 : kept_.enabled() ? 3 : idx(config_.layers) + 1;
   if (residual_.size() < streams) residual_.resize(streams);
   const std::size_t sets = pass == Pass::train && recompute_ != Recompute::full ? idx(config_.layers) : 1;
   if (layers_.size() < sets) layers_.resize(sets);
@@ -240,21 +240,21 @@ void LlamaModel<T>::forward_unit(std::size_t unit, std::span<const T* const> par
   const Index rows = idx(batch_) * idx(len_);
   const Index d = idx(config_.hidden);
   const bool train = pass_ == Pass::train;
-  auto stream = [&](std::size_t u) -> std::vector<T>& { return residual_[train ? u : u % 2]; };
   if (unit == 0) {
-    detail::resize_exact(stream(0), rows * d);
-    T* out = stream(0).data();
+    detail::resize_exact(residual(0), rows * d);
+    T* out = residual(0).data();
     const T* table = params[0];
     par::for_chunks(rows, kEmbedRowChunk, [&](Index, Index b, Index e) {
       for (Index r = b; r < e; ++r) std::copy_n(table + idx(tokens_[r]) * d, d, out + r * d);
     });
   } else if (unit + 1 < num_units()) {
-    std::vector<T>& out = stream(unit);
+    std::vector<T>& out = residual(unit);
     detail::resize_exact(out, rows * d);
     LayerActs& kept = train ? kept_acts(unit) : layers_[0];
-    forward_layer(kept, train ? recomputed_acts(unit) : kept, params, stream(unit - 1).data(), out.data());
+    forward_layer(kept, train ? recomputed_acts(unit) : kept, params, residual(unit - 1).data(), out.data());
+    if (train && kept_.enabled()) kept_.offload(unit - 1, residual(unit - 1));
   } else {
-    forward_head(params, stream(unit - 1).data());
+    forward_head(params, residual(unit - 1).data());
     if (train) next_backward_ = num_units();
   }
   ++next_forward_;
@@ -361,7 +361,7 @@ void LlamaModel<T>::backward_head(std::span<const T* const> p, std::span<T* cons
   detail::resize_exact(dnarrow_, rows * d);
   linear_bwd(p, 1, normf_.data(), logits_.data(), dnarrow_.data(), false, g[1], nullptr, rows, d, vocab);
   dresidual_.assign(rows * d, T(0));
-  ops::rmsnorm_backward(residual_[idx(config_.layers)].data(), p[0], invf_.data(), dnarrow_.data(), dresidual_.data(),
+  ops::rmsnorm_backward(residual(idx(config_.layers)).data(), p[0], invf_.data(), dnarrow_.data(), dresidual_.data(),
                         g[0], rows, d);
 }
 
@@ -376,7 +376,8 @@ void LlamaModel<T>::backward_layer(std::size_t unit, std::span<const T* const> p
   const Index dim = idx(config_.dim());
   const Index q_width = heads * dim;
   const Index kv_width = kv * dim;
-  const T* in = residual_[unit - 1].data();
+  if (kept_.enabled()) kept_.restore(unit - 1, residual(unit - 1));
+  const T* in = residual(unit - 1).data();
   LayerActs& a = kept_acts(unit);
   LayerActs& r = recomputed_acts(unit);
   if (recompute_ == Recompute::full) {
@@ -443,10 +444,40 @@ void LlamaModel<T>::set_recompute(Recompute mode) {
     throw UsageError("LlamaModel::set_recompute: called between a train pass's forward and its backward");
   }
   if (mode == recompute_) return;
+  if (kept_.enabled() && mode != Recompute::full) {
+    throw UsageError(
+        "LlamaModel::set_recompute: cpu_checkpointing offloads the inputs of full recomputation; turn "
+        "it off first");
+  }
   recompute_ = mode;
   // What the last mode kept is not what this one keeps: start from nothing (set_batch sizes layers_ again).
   layers_.clear();
   recomputed_ = LayerActs{};
+}
+
+template <typename T>
+std::vector<T>& LlamaModel<T>::residual(std::size_t u) {
+  if (pass_ != Pass::train) return residual_[u % 2];
+  if (!kept_.enabled()) return residual_[u];
+  // Offloaded: two buffers take turns as the layers' inputs and outputs, the host store keeps each layer's
+  // input, and the last layer's output (the head's input) has a third of its own.
+  return u == idx(config_.layers) ? residual_[2] : residual_[u % 2];
+}
+
+template <typename T>
+void LlamaModel<T>::set_offload_kept_inputs(bool on) {
+  if (next_forward_ != 0 && next_backward_ != 0) {
+    throw UsageError("LlamaModel::set_offload_kept_inputs: called between a train pass's forward and its backward");
+  }
+  if (on && recompute_ != Recompute::full) {
+    throw UsageError(
+        fmt::format("LlamaModel: cpu_checkpointing offloads the inputs full recomputation keeps, and the "
+                    "model recomputes \"{}\" (zero3.model.activation_checkpointing \"full\")",
+                    to_string(recompute_)));
+  }
+  if (on == kept_.enabled()) return;
+  kept_.set_enabled(on);
+  residual_.clear();  // set_batch sizes the streams again for this layout
 }
 
 template <typename T>
@@ -473,7 +504,7 @@ std::size_t LlamaModel<T>::activation_bytes() const {
 
 template <typename T>
 std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products,
-                                                    Recompute recompute) const {
+                                                    Recompute recompute, bool offload) const {
   const Index d = idx(config_.hidden);
   const Index f = idx(config_.intermediate);
   const Index vocab = idx(config_.vocab_size);
@@ -493,7 +524,14 @@ std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_ba
   const bool selective = recompute == Recompute::selective;
   const auto dropped = [&](Index r) { return selective ? r * d * 2 + r * f : 0; };
   Index elems = 0;
-  for (Index u = 0; u <= layers; ++u) elems += u < 2 ? both(d) : rows * d;
+  // residual_: a train pass keeps every unit's output, the held-out pass alternates two.
+  if (offload) {
+    // residual(): the held-out pass's two buffers, which a train pass shares (the second from 2 layers on),
+    // and the head's input.
+    elems += both(d) + std::max(layers >= 2 ? rows : 0, eval_rows) * d + rows * d;
+  } else {
+    for (Index u = 0; u <= layers; ++u) elems += u < 2 ? both(d) : rows * d;
+  }
   const Index kept_layers = recompute == Recompute::full ? 1 : layers;
   for (Index b = 0; b < kept_layers; ++b) {
     // layers_[0] serves both passes: each of its buffers at the larger size (an eval pass keeps everything).
@@ -512,6 +550,12 @@ std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_ba
     bytes += (both(std::max({d, f, q_width})) + rows * std::max({q_width, f, d, vocab})) * sizeof(bf16_t);
   }
   return bytes;
+}
+
+template <typename T>
+std::size_t LlamaModel<T>::planned_offloaded_bytes(int micro_batch, int len) const {
+  // residual_[0 .. layers - 1], the layers' inputs, each [rows, hidden].
+  return idx(config_.layers) * idx(micro_batch) * idx(len) * idx(config_.hidden) * sizeof(T);
 }
 
 template class LlamaModel<float>;

@@ -129,7 +129,7 @@ void MlpModel<T>::set_batch(std::span<const std::int32_t> tokens, std::span<cons
   next_forward_ = 0;
   next_backward_ = 0;
   const std::size_t pre_sets = pass == Pass::train && recompute_ != Recompute::full ? idx(config_.layers) : 1;
-  const std::size_t post_sets = pass == Pass::train ? idx(config_.layers) : 2;
+  const std::size_t post_sets = pass != Pass::train ? 2 : kept_.enabled() ? 3 : idx(config_.layers);
   if (pre_.size() < pre_sets) pre_.resize(pre_sets);
   if (post_.size() < post_sets) post_.resize(post_sets);
 }
@@ -148,14 +148,22 @@ void MlpModel<T>::check_call(const char* what, std::size_t unit, std::size_t cou
 // Layer i reads the embeddings (i == 0) or layer i-1's output; in eval the outputs alternate between two
 // buffers (layer i writes i % 2), since nothing is kept for a backward.
 template <typename T>
+std::size_t MlpModel<T>::post_slot(std::size_t layer) const {
+  if (pass_ != Pass::train) return layer % 2;
+  if (!kept_.enabled()) return layer;
+  // Offloaded: two buffers take turns as the layers' inputs and outputs, the host store keeps each layer's
+  // input, and the last layer's output (the head's input) has a third of its own.
+  return layer + 1 == idx(config_.layers) ? 2 : layer % 2;
+}
+
+template <typename T>
 const T* MlpModel<T>::layer_input(std::size_t layer) const {
-  if (layer == 0) return embed_.data();
-  return post_[pass_ == Pass::train ? layer - 1 : (layer - 1) % 2].data();
+  return layer == 0 ? embed_.data() : post_[post_slot(layer - 1)].data();
 }
 
 template <typename T>
 T* MlpModel<T>::layer_output(std::size_t layer) {
-  return post_[pass_ == Pass::train ? layer : layer % 2].data();
+  return post_[post_slot(layer)].data();
 }
 
 template <typename T>
@@ -185,9 +193,11 @@ void MlpModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
     const Index in = layer == 0 ? idx(config_.input_width()) : d;
     std::vector<T>& pre = pre_[train && recompute_ != Recompute::full ? layer : 0];
     detail::resize_exact(pre, rows * d);
-    detail::resize_exact(post_[train ? layer : layer % 2], rows * d);
+    detail::resize_exact(post_[post_slot(layer)], rows * d);
     ops::linear_forward(layer_input(layer), params[0], params[1], pre.data(), rows, in, d);
     ops::gelu_forward(pre.data(), layer_output(layer), rows * d);
+    // The first layer's input is the embeddings' own buffer, which nothing overwrites: it stays.
+    if (train && kept_.enabled() && layer > 0) kept_.offload(layer, input_buffer(layer));
   } else {
     detail::resize_exact(logits_, rows * vocab);
     ops::linear_forward(layer_input(idx(config_.layers)), params[0], params[1], logits_.data(), rows, d, vocab);
@@ -233,6 +243,7 @@ void MlpModel<T>::backward_unit(std::size_t unit, std::span<const T* const> para
   } else if (unit > 0) {
     const std::size_t layer = unit - 1;
     const Index in = layer == 0 ? idx(config_.input_width()) : d;
+    if (kept_.enabled() && layer > 0) kept_.restore(layer, input_buffer(layer));
     const T* pre = pre_[recompute_ == Recompute::full ? 0 : layer].data();
     if (recompute_ == Recompute::full) {
       // The forward's own product again, into the one buffer all layers share.
@@ -264,8 +275,29 @@ void MlpModel<T>::set_recompute(Recompute mode) {
     throw UsageError("MlpModel::set_recompute: called between a train pass's forward and its backward");
   }
   if (mode == recompute_) return;
+  if (kept_.enabled() && mode != Recompute::full) {
+    throw UsageError(
+        "MlpModel::set_recompute: cpu_checkpointing offloads the inputs of full recomputation; turn it "
+        "off first");
+  }
   recompute_ = mode;
   pre_.clear();  // set_batch sizes it again for this mode
+}
+
+template <typename T>
+void MlpModel<T>::set_offload_kept_inputs(bool on) {
+  if (next_forward_ != 0 && next_backward_ != 0) {
+    throw UsageError("MlpModel::set_offload_kept_inputs: called between a train pass's forward and its backward");
+  }
+  if (on && recompute_ != Recompute::full) {
+    throw UsageError(
+        fmt::format("MlpModel: cpu_checkpointing offloads the inputs full recomputation keeps, and the "
+                    "model recomputes \"{}\" (zero3.model.activation_checkpointing \"full\")",
+                    to_string(recompute_)));
+  }
+  if (on == kept_.enabled()) return;
+  kept_.set_enabled(on);
+  post_.clear();  // set_batch sizes the outputs again for this layout
 }
 
 template <typename T>
@@ -278,7 +310,8 @@ std::size_t MlpModel<T>::activation_bytes() const {
 }
 
 template <typename T>
-std::size_t MlpModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, Recompute recompute) const {
+std::size_t MlpModel<T>::planned_activation_bytes(int micro_batch, int eval_batch, Recompute recompute,
+                                                  bool offload) const {
   const Index rows = idx(micro_batch);
   const Index eval_rows = idx(eval_batch);
   const Index both = std::max(rows, eval_rows);
@@ -288,9 +321,24 @@ std::size_t MlpModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
   Index elems = both * in + both * idx(config_.vocab_size) + both;  // embed_, logits_, losses
   const Index pre_sets = recompute == Recompute::full ? 1 : layers;
   for (Index l = 0; l < pre_sets; ++l) elems += (l == 0 ? both : rows) * d;  // pre_: eval uses the first
-  for (Index l = 0; l < layers; ++l) elems += (l < 2 ? both : rows) * d;     // post_: eval uses two
-  elems += rows * d + rows * d + rows * in;                                  // dpost_, dpre_, dembed_
+  // post_: a train pass keeps every layer's output, the held-out pass alternates two.
+  if (offload) {
+    // post_slot(): the held-out pass's two buffers, which a train pass shares (the first from 2 layers on,
+    // the second from 3), and the head's input.
+    const Index first = std::max(layers >= 2 ? rows : 0, layers >= 1 ? eval_rows : 0);
+    const Index second = std::max(layers >= 3 ? rows : 0, layers >= 2 ? eval_rows : 0);
+    elems += (first + second + rows) * d;
+  } else {
+    for (Index l = 0; l < layers; ++l) elems += (l < 2 ? both : rows) * d;
+  }
+  elems += rows * d + rows * d + rows * in;  // dpost_, dpre_, dembed_
   return elems * sizeof(T) + (both * idx(config_.context) + both) * sizeof(std::int32_t);
+}
+
+template <typename T>
+std::size_t MlpModel<T>::planned_offloaded_bytes(int micro_batch) const {
+  // The inputs of layers 1 .. layers - 1 (the first layer's is the embeddings' buffer, which stays).
+  return (idx(config_.layers) - 1) * idx(micro_batch) * idx(config_.hidden) * sizeof(T);
 }
 
 template class MlpModel<float>;

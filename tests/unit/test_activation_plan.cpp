@@ -1,8 +1,10 @@
 // UnitModel::planned_activation_bytes against activation_bytes() of the host GPT, Llama and MLP (through their
 // UnitModel adapters, as the trainer drives them) after the passes a job runs: train micro-batches, a
 // held-out pass of another size (larger or smaller, or none), and train again; fp32 and bf16 params; each
-// activation checkpointing mode the model offers. The plan must be the count exactly: the memory plan's
-// activations category is this number. And the checkpointing modes' gradients are bitwise those of none.
+// activation checkpointing mode the model offers, and full recomputation with the kept inputs in host memory
+// (cpu_checkpointing). The plan must be the count exactly: the memory plan's activations category is this
+// number (and the host store's, planned_offloaded_bytes). And the checkpointing modes' gradients, offloaded or
+// not, are bitwise those of none.
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
@@ -70,21 +72,40 @@ void pass(UnitModel& model, UnitBuffers& b, Stream& stream, int batch, int len, 
 }
 
 void check(UnitModel& model, int len, int vocab, int micro, int eval, DType dtype,
-           Recompute recompute = Recompute::none) {
+           Recompute recompute = Recompute::none, bool offload = false) {
   const std::unique_ptr<Device> device = make_host_device();
   const std::unique_ptr<Stream> stream = device->create_stream("test");
   UnitBuffers b = make_buffers(*device, model, dtype);
   model.set_recompute(recompute);
+  model.set_offload_kept_inputs(offload);
   pass(model, b, *stream, micro, len, vocab, true);
   if (eval > 0) pass(model, b, *stream, eval, len, vocab, false);
   pass(model, b, *stream, micro, len, vocab, true);
-  const std::size_t planned = model.planned_activation_bytes(
-      {.micro_batch = micro, .eval_batch = eval, .len = len, .params = dtype, .recompute = recompute});
-  INFO(fmt::format("{}: micro-batch {}, held-out {}, {} params, recompute {}: planned {} bytes, held {}",
-                   model.describe(), micro, eval, dtype_name(dtype), to_string(recompute), planned,
-                   model.activation_bytes()));
+  const UnitModel::ActivationShape shape{.micro_batch = micro,
+                                         .eval_batch = eval,
+                                         .len = len,
+                                         .params = dtype,
+                                         .recompute = recompute,
+                                         .offload_kept_inputs = offload};
+  const std::size_t planned = model.planned_activation_bytes(shape);
+  const std::size_t host = model.take_kept_inputs_offload().host_bytes;
+  INFO(
+      fmt::format("{}: micro-batch {}, held-out {}, {} params, recompute {}{}: planned {} bytes, held {}; host "
+                  "store planned {}, held {}",
+                  model.describe(), micro, eval, dtype_name(dtype), to_string(recompute), offload ? " (offloaded)" : "",
+                  planned, model.activation_bytes(), model.planned_offloaded_bytes(shape), host));
   CHECK(planned == model.activation_bytes());
+  CHECK(model.planned_offloaded_bytes(shape) == host);
+  if (!offload) CHECK(host == 0);
 }
+
+// Every checkpointing configuration a host model offers: none, full, selective, and full offloaded.
+struct Mode {
+  Recompute recompute;
+  bool offload;
+};
+constexpr Mode kModes[] = {
+    {Recompute::none, false}, {Recompute::full, false}, {Recompute::selective, false}, {Recompute::full, true}};
 
 // One train pass's loss and every gradient's bytes, from zeroed gradient buffers.
 struct PassResult {
@@ -115,11 +136,16 @@ void check_recompute_bitwise(UnitModel& model, int len, int vocab, DType dtype) 
   UnitBuffers b = make_buffers(*device, model, dtype);
   model.set_recompute(Recompute::none);
   const PassResult stored = train_pass(model, b, *stream, 3, len, vocab);
-  for (const Recompute mode : {Recompute::full, Recompute::selective}) {
-    REQUIRE(model.can_recompute(mode));
-    model.set_recompute(mode);
+  for (const Mode mode : kModes) {
+    if (mode.recompute == Recompute::none) continue;
+    REQUIRE(model.can_recompute(mode.recompute));
+    REQUIRE(model.can_offload_kept_inputs());
+    model.set_offload_kept_inputs(false);
+    model.set_recompute(mode.recompute);
+    model.set_offload_kept_inputs(mode.offload);
     const PassResult again = train_pass(model, b, *stream, 3, len, vocab);
-    INFO(fmt::format("{}, {} params, recompute {}", model.describe(), dtype_name(dtype), to_string(mode)));
+    INFO(fmt::format("{}, {} params, recompute {}{}", model.describe(), dtype_name(dtype), to_string(mode.recompute),
+                     mode.offload ? " (offloaded)" : ""));
     CHECK(std::memcmp(&again.loss, &stored.loss, sizeof(double)) == 0);
     REQUIRE(again.grads.size() == stored.grads.size());
     for (std::size_t k = 0; k < stored.grads.size(); ++k) {
@@ -147,14 +173,16 @@ TEST_CASE("the GPT's planned activations are the bytes it holds after a job's pa
   models::GptConfig c;
   c.vocab_size = 96;
   c.seq_len = 16;
-  c.layers = 3;
   c.hidden = 64;
   c.heads = 4;
-  for (const DType dtype : {DType::f32, DType::bf16}) {
-    for (const auto& [micro, eval] : std::vector<std::pair<int, int>>{{4, 0}, {4, 6}, {4, 24}, {8, 3}, {2, 2}}) {
-      for (const Recompute mode : {Recompute::none, Recompute::full, Recompute::selective}) {
-        const std::unique_ptr<UnitModel> model = models::make_host_gpt(c);
-        check(*model, c.seq_len, c.vocab_size, micro, eval, dtype, mode);
+  for (const int layers : {1, 3}) {  // one block: the offloaded layout's edge
+    c.layers = layers;
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      for (const auto& [micro, eval] : std::vector<std::pair<int, int>>{{4, 0}, {4, 6}, {4, 24}, {8, 3}, {2, 2}}) {
+        for (const Mode mode : kModes) {
+          const std::unique_ptr<UnitModel> model = models::make_host_gpt(c);
+          check(*model, c.seq_len, c.vocab_size, micro, eval, dtype, mode.recompute, mode.offload);
+        }
       }
     }
   }
@@ -164,15 +192,15 @@ TEST_CASE("the Llama's planned activations are the bytes it holds after a job's 
   const models::LlamaConfig c = small_llama();
   for (const DType dtype : {DType::f32, DType::bf16}) {
     for (const auto& [micro, eval] : std::vector<std::pair<int, int>>{{2, 0}, {2, 3}, {3, 1}}) {
-      for (const Recompute mode : {Recompute::none, Recompute::full, Recompute::selective}) {
+      for (const Mode mode : kModes) {
         const std::unique_ptr<UnitModel> model = models::make_host_llama(c);
-        check(*model, c.seq_len, c.vocab_size, micro, eval, dtype, mode);
+        check(*model, c.seq_len, c.vocab_size, micro, eval, dtype, mode.recompute, mode.offload);
       }
     }
   }
 }
 
-TEST_CASE("recomputed activations give bitwise the gradients of stored ones", "[models][recompute]") {
+TEST_CASE("recomputed and offloaded activations give bitwise the gradients of stored ones", "[models][recompute]") {
   models::GptConfig gpt;
   gpt.vocab_size = 96;
   gpt.seq_len = 80;
@@ -196,13 +224,15 @@ TEST_CASE("the MLP's planned activations are the bytes it holds after a job's pa
   models::MlpConfig c;
   c.vocab_size = 48;
   c.context = 4;
-  c.layers = 3;
   c.hidden = 96;
-  for (const DType dtype : {DType::f32, DType::bf16}) {
-    for (const auto& [micro, eval] : std::vector<std::pair<int, int>>{{4, 0}, {4, 6}, {8, 3}, {2, 12}}) {
-      for (const Recompute mode : {Recompute::none, Recompute::full, Recompute::selective}) {
-        const std::unique_ptr<UnitModel> model = models::make_host_mlp(c);
-        check(*model, c.context, c.vocab_size, micro, eval, dtype, mode);
+  for (const int layers : {1, 2, 3}) {  // the offloaded layout's buffers come into use at 2 and 3 layers
+    c.layers = layers;
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      for (const auto& [micro, eval] : std::vector<std::pair<int, int>>{{4, 0}, {4, 6}, {8, 3}, {2, 12}}) {
+        for (const Mode mode : kModes) {
+          const std::unique_ptr<UnitModel> model = models::make_host_mlp(c);
+          check(*model, c.context, c.vocab_size, micro, eval, dtype, mode.recompute, mode.offload);
+        }
       }
     }
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "zero3/core/dtype.hpp"
+#include "zero3/models/kept_inputs.hpp"
 #include "zero3/models/unit_model.hpp"
 #include "zero3/units/unit_spec.hpp"
 
@@ -112,14 +113,21 @@ class GptModel {
   // Recompute::none.
   void set_recompute(Recompute mode);
   Recompute recompute() const { return recompute_; }
+  // cpu_checkpointing (UnitModel::set_offload_kept_inputs), with Recompute::full only: a train pass moves each
+  // block's input to a host store after the block's forward and back for its backward (kept_inputs.hpp).
+  void set_offload_kept_inputs(bool on);
+  bool offload_kept_inputs() const { return kept_.enabled(); }
+  KeptInputs<T>& kept_inputs() { return kept_; }
 
   // Bytes of the activations and scratch this model holds now (allocated capacity): what a train pass
   // keeps from forward to backward dominates; for the memory tracker's activations category.
   std::size_t activation_bytes() const;
   // What activation_bytes() reports after train passes of `micro_batch` sequences and held-out passes of
   // `eval_batch` (0: none) of `len` tokens; `bf16_products`: the linear layers take bf16 operands.
+  // `offload`: with cpu_checkpointing (Recompute::full), whose host store planned_offloaded_bytes() counts.
   std::size_t planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products,
-                                       Recompute recompute = Recompute::none) const;
+                                       Recompute recompute = Recompute::none, bool offload = false) const;
+  std::size_t planned_offloaded_bytes(int micro_batch, int len) const;
 
  private:
   // What one block keeps from forward for its backward; rows = batch * len.
@@ -172,10 +180,13 @@ class GptModel {
 
   // Train: residual_[u] is the input of unit u (residual_[num_units-1] feeds the head). Eval: only
   // residual_[0] and residual_[1] are used, in turn.
+  // The residual stream: unit u's output (u = layers: the head's input), in a train pass's layout.
+  std::vector<T>& residual(std::size_t u);
   std::vector<std::vector<T>> residual_;
   std::vector<BlockActs> blocks_;  // train: one per block (Recompute::full: one, reused); eval: one, reused
   BlockActs recomputed_;           // Recompute::selective: ln1, ln2 and gelu of the block in hand
   Recompute recompute_ = Recompute::none;
+  KeptInputs<T> kept_;            // cpu_checkpointing: residual_[u - 1] of block u between its forward and backward
   std::vector<T> lnf_;            // [rows, hidden] final LayerNorm output
   std::vector<T> lnf_stat_;       // [rows, 2]
   std::vector<T> logits_;         // [rows, vocab]

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "zero3/core/dtype.hpp"
+#include "zero3/models/kept_inputs.hpp"
 #include "zero3/models/unit_model.hpp"
 #include "zero3/units/unit_spec.hpp"
 
@@ -90,10 +91,17 @@ class LlamaModel {
   // gradients of Recompute::none.
   void set_recompute(Recompute mode);
   Recompute recompute() const { return recompute_; }
+  // cpu_checkpointing (UnitModel::set_offload_kept_inputs), with Recompute::full only: a train pass moves each
+  // layer's input to a host store after the layer's forward and back for its backward (kept_inputs.hpp).
+  void set_offload_kept_inputs(bool on);
+  bool offload_kept_inputs() const { return kept_.enabled(); }
+  KeptInputs<T>& kept_inputs() { return kept_; }
 
   std::size_t activation_bytes() const;
+  // `offload`: with cpu_checkpointing (Recompute::full), whose host store planned_offloaded_bytes() counts.
   std::size_t planned_activation_bytes(int micro_batch, int eval_batch, int len, bool bf16_products,
-                                       Recompute recompute = Recompute::none) const;
+                                       Recompute recompute = Recompute::none, bool offload = false) const;
+  std::size_t planned_offloaded_bytes(int micro_batch, int len) const;
 
  private:
   struct LayerActs {
@@ -147,10 +155,13 @@ class LlamaModel {
   std::vector<T> rope_cos_;  // [len, dim / 2]
   std::vector<T> rope_sin_;
 
+  // The residual stream: unit u's output (u = layers: the head's input), in a train pass's layout.
+  std::vector<T>& residual(std::size_t u);
   std::vector<std::vector<T>> residual_;  // as GptModel: train keeps each unit's input, eval alternates two
   std::vector<LayerActs> layers_;
   LayerActs recomputed_;  // Recompute::selective: norm1, norm2 and swiglu of the layer in hand
   Recompute recompute_ = Recompute::none;
+  KeptInputs<T> kept_;  // cpu_checkpointing: residual_[u - 1] of layer u between its forward and backward
   std::vector<T> normf_;
   std::vector<T> invf_;
   std::vector<T> logits_;

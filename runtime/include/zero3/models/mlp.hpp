@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "zero3/models/kept_inputs.hpp"
 #include "zero3/models/unit_model.hpp"
 #include "zero3/units/unit_spec.hpp"
 
@@ -84,18 +85,29 @@ class MlpModel {
   std::size_t activation_bytes() const;
   // What activation_bytes() reports after train passes of `micro_batch` windows and held-out passes of
   // `eval_batch` (0: none).
-  std::size_t planned_activation_bytes(int micro_batch, int eval_batch, Recompute recompute = Recompute::none) const;
+  // `offload`: with cpu_checkpointing (Recompute::full), whose host store planned_offloaded_bytes() counts.
+  std::size_t planned_activation_bytes(int micro_batch, int eval_batch, Recompute recompute = Recompute::none,
+                                       bool offload = false) const;
+  std::size_t planned_offloaded_bytes(int micro_batch) const;
 
   // Activation checkpointing, as GptModel::set_recompute: Recompute::full keeps each layer's output (the next
   // layer's input) and recomputes its pre-activation product in backward, in one layer's buffer;
   // Recompute::selective keeps everything, as none does (a layer's only intermediate is a product's output).
   void set_recompute(Recompute mode);
   Recompute recompute() const { return recompute_; }
+  // cpu_checkpointing (UnitModel::set_offload_kept_inputs), with Recompute::full only: a train pass moves each
+  // layer's input (but the first's, the embeddings) to a host store after the layer's forward and back for its
+  // backward (kept_inputs.hpp).
+  void set_offload_kept_inputs(bool on);
+  bool offload_kept_inputs() const { return kept_.enabled(); }
+  KeptInputs<T>& kept_inputs() { return kept_; }
 
  private:
   void check_call(const char* what, std::size_t unit, std::size_t params, const T* const* ptrs) const;
   const T* layer_input(std::size_t layer) const;
   T* layer_output(std::size_t layer);
+  std::size_t post_slot(std::size_t layer) const;  // where layer `layer`'s output lives in this pass
+  std::vector<T>& input_buffer(std::size_t layer) { return layer == 0 ? embed_ : post_[post_slot(layer - 1)]; }
 
   MlpConfig config_;
   Pass pass_ = Pass::train;
@@ -118,6 +130,7 @@ class MlpModel {
   std::vector<T> dpre_;
   std::vector<T> dembed_;
   Recompute recompute_ = Recompute::none;
+  KeptInputs<T> kept_;  // cpu_checkpointing: slot l holds layer l's input between its forward and backward
 };
 
 extern template class MlpModel<float>;

@@ -66,6 +66,22 @@ class UnitModel {
     }
   }
 
+  // DeepSpeed's activation_checkpointing.cpu_checkpointing, with Recompute::full: the unit inputs the model
+  // keeps move to host memory after the forward that last reads them and come back for the backward that
+  // reads them; gradients stay bitwise those without. Whether the model offers it, and the switch (between
+  // passes, after set_recompute(Recompute::full); UsageError otherwise). The default offers nothing.
+  virtual bool can_offload_kept_inputs() const { return false; }
+  virtual void set_offload_kept_inputs(bool on) {
+    if (on) throw UsageError(describe() + " cannot keep its checkpointed inputs in host memory (cpu_checkpointing)");
+  }
+  // What the offload holds in host memory now, and the copy time since the last call that the compute
+  // waited for (milliseconds, exposed; 0 when copies ran behind compute).
+  struct KeptInputsOffload {
+    std::size_t host_bytes = 0;
+    double exposed_copy_ms = 0.0;
+  };
+  virtual KeptInputsOffload take_kept_inputs_offload() { return {}; }
+
   // Bytes of activations and scratch the model holds now, and where they live (for the memory report's
   // activations category). Called on the calling thread while work enqueued on the stream may still run:
   // it must read only what the calling thread sets (sizes fixed by set_batch, not by enqueued work).
@@ -82,8 +98,14 @@ class UnitModel {
     int len = 0;
     DType params = DType::f32;
     Recompute recompute = Recompute::none;
+    bool offload_kept_inputs = false;  // cpu_checkpointing: planned_offloaded_bytes() holds the kept inputs
   };
   virtual std::size_t planned_activation_bytes(const ActivationShape& shape) const {
+    (void)shape;
+    return 0;
+  }
+  // With shape.offload_kept_inputs: the bytes of kept inputs in host memory at the end of a train forward.
+  virtual std::size_t planned_offloaded_bytes(const ActivationShape& shape) const {
     (void)shape;
     return 0;
   }
