@@ -191,22 +191,30 @@ void parse_profilers(ObjectReader& top, Context& cx) {
     ObjectReader r(*j, "activation_checkpointing", "activation_checkpointing", cx.sink);
     ActivationCheckpointingConfig& a = cx.config.activation_checkpointing;
     // This block tunes DeepSpeed's checkpoint() calls in the model code; zero3's models checkpoint by
-    // zero3.model.activation_checkpointing, and these refinements of it are not implemented.
+    // zero3.model.activation_checkpointing (each unit a checkpoint), which the keys below refine where they
+    // apply to data parallelism.
     constexpr std::string_view kModelParallel =
         "partitioning the kept activations across model-parallel ranks is not implemented (zero3 is data-parallel; "
         "its checkpointing: zero3.model.activation_checkpointing)";
     a.partition_activations = r.not_implemented_if_true("partition_activations", kModelParallel);
-    a.cpu_checkpointing = r.not_implemented_if_true(
-        "cpu_checkpointing",
-        "keeping the checkpointed activations in host memory is not implemented (zero3.model.activation_checkpointing "
-        "recomputes instead of keeping)");
-    a.contiguous_memory_optimization = r.not_implemented_if_true(
-        "contiguous_memory_optimization", "a contiguous buffer for partitioned activations is not implemented");
-    if (r.get_optional_int("number_checkpoints", a.number_checkpoints) == Got::value) {
-      r.not_implemented("number_checkpoints", "sizing contiguous_memory_optimization's buffer is not implemented");
+    r.get_bool("cpu_checkpointing", a.cpu_checkpointing);
+    const ModelSettings* model = cx.config.zero3.model ? &*cx.config.zero3.model : nullptr;
+    if (a.cpu_checkpointing && model != nullptr && model->activation_checkpointing != Recompute::full) {
+      r.error("cpu_checkpointing",
+              fmt::format("true keeps the inputs full recomputation checkpoints in host memory, and "
+                          "zero3.model.activation_checkpointing is \"{}\" (set it to \"full\")",
+                          to_string(model->activation_checkpointing)));
     }
-    a.synchronize_checkpoint_boundary = r.not_implemented_if_true(
-        "synchronize_checkpoint_boundary", "a device synchronization at each checkpoint boundary is not implemented");
+    // DeepSpeed copies partitioned activations into one buffer (and asserts partition_activations).
+    a.contiguous_memory_optimization = r.not_implemented_if_true(
+        "contiguous_memory_optimization",
+        "a contiguous buffer for partitioned activations is not implemented (it needs partition_activations)");
+    if (r.get_optional_int("number_checkpoints", a.number_checkpoints) == Got::value) {
+      r.not_implemented("number_checkpoints",
+                        "sizing contiguous_memory_optimization's buffer is not implemented (it needs "
+                        "partition_activations)");
+    }
+    r.get_bool("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
     a.profile = r.not_implemented_if_true("profile", "timing the checkpointed forwards is not implemented");
     r.finish();
   }

@@ -134,6 +134,11 @@ class Planner {
           "what the model keeps for backward and its scratch, at the larger of a train micro-batch and the "
           "held-out pass (the model's own count)");
     }
+    if (options_.activations.offloaded_bytes > 0) {
+      add(staging_kind_, MemCategory::activations, options_.activations.offloaded_bytes,
+          "cpu_checkpointing: the inputs full recomputation keeps, in host memory from their unit's forward to its "
+          "backward");
+    }
     deepspeed_estimate();
     return std::move(plan_);
   }

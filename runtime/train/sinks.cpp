@@ -28,6 +28,7 @@ nlohmann::json split_json(const StepSplit& s) {
           {"reduce_wait", s.reduce_wait_ms},
           {"optimizer", s.optimizer_ms},
           {"copies_exposed", s.copies_exposed_ms},
+          {"kept_copies", s.kept_copies_ms},
           {"total", s.total_ms()}};
 }
 
@@ -53,9 +54,9 @@ void LogLine::on_log(const LogEvent& e) {
     const StepSplit& s = e.split;
     fmt::print(
         "  time/step {:.2f} ms = forward {:.2f} + backward {:.2f} + step {:.2f} (optimizer {:.2f}); waiting for "
-        "gathers {:.2f}, reductions {:.2f}, offload copies {:.2f}\n",
+        "gathers {:.2f}, reductions {:.2f}, offload copies {:.2f}, checkpointed-input copies {:.2f}\n",
         s.total_ms(), s.forward_ms, s.backward_ms, s.step_ms, s.optimizer_ms, s.gather_wait_ms, s.reduce_wait_ms,
-        s.copies_exposed_ms);
+        s.copies_exposed_ms, s.kept_copies_ms);
   }
   if (!e.memory_phases.empty()) fmt::print("{}", memory_phase_lines(e.memory_phases));
   std::fflush(stdout);

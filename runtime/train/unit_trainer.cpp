@@ -26,6 +26,20 @@ double ms_since(Clock::time_point t) {
 
 }  // namespace
 
+ActivationPlan plan_activations(const models::UnitModel& model, const config::Config& config, std::int64_t micro_batch,
+                                int eval_batch, int len, MemoryKind kind) {
+  const models::UnitModel::ActivationShape shape{
+      .micro_batch = static_cast<int>(micro_batch),
+      .eval_batch = eval_batch,
+      .len = len,
+      .params = config.model_dtype(),
+      .recompute = config.zero3.model ? config.zero3.model->activation_checkpointing : Recompute::none,
+      .offload_kept_inputs = config.activation_checkpointing.cpu_checkpointing};
+  return {.bytes = model.planned_activation_bytes(shape),
+          .kind = kind,
+          .offloaded_bytes = model.planned_offloaded_bytes(shape)};
+}
+
 StepSplit& StepSplit::operator+=(const StepSplit& o) {
   forward_ms += o.forward_ms;
   backward_ms += o.backward_ms;
@@ -34,13 +48,14 @@ StepSplit& StepSplit::operator+=(const StepSplit& o) {
   reduce_wait_ms += o.reduce_wait_ms;
   optimizer_ms += o.optimizer_ms;
   copies_exposed_ms += o.copies_exposed_ms;
+  kept_copies_ms += o.kept_copies_ms;
   return *this;
 }
 
 StepSplit StepSplit::scaled(double f) const {
   StepSplit s = *this;
   for (double* v : {&s.forward_ms, &s.backward_ms, &s.step_ms, &s.gather_wait_ms, &s.reduce_wait_ms, &s.optimizer_ms,
-                    &s.copies_exposed_ms}) {
+                    &s.copies_exposed_ms, &s.kept_copies_ms}) {
     *v *= f;
   }
   return s;
@@ -50,6 +65,7 @@ UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
                          std::shared_ptr<comm::Bootstrap> bootstrap, const ModelFactory& make_model,
                          const MemoryCheck& check)
     : timed_(config.wall_clock_breakdown),
+      sync_unit_boundaries_(config.activation_checkpointing.synchronize_checkpoint_boundary),
       configured_batch_(config.batch),
       bootstrap_(bootstrap ? std::move(bootstrap) : comm::make_mpi_bootstrap(world)) {
   EngineResources resources;
@@ -61,6 +77,7 @@ UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
   }
   engine_ = std::make_unique<Engine>(config, world, std::move(resources));
   model_ = make_model(engine_->device());
+  offload_kept_inputs(config);
   check_memory(config, world, check);
   std::vector<UnitSpec> units = model_->units();
   if (config.zero3.model && !config.zero3.model->init_from.empty()) {
@@ -76,18 +93,12 @@ MemoryPlan UnitTrainer::plan_for(const config::Config& config, const comm::World
   config::Config c = config;
   c.batch.train_micro_batch_size_per_gpu = micro_batch;
   c.batch.gradient_accumulation_steps = c.batch.train_batch_size / (c.batch.world_size * micro_batch);
-  const models::UnitModel::ActivationShape shape{
-      .micro_batch = static_cast<int>(micro_batch),
-      .eval_batch = check.eval_batch,
-      .len = check.len,
-      .params = config.model_dtype(),
-      .recompute = config.zero3.model ? config.zero3.model->activation_checkpointing : Recompute::none};
-  return plan_memory(
-      model_->units(), c,
-      {.ranks_per_node = world.local_size,
-       .device = engine_->device().kind(),
-       .activations = {.bytes = model_->planned_activation_bytes(shape), .kind = model_->activation_memory()},
-       .checkpoint_staging_bytes = check.checkpoint_staging_bytes});
+  return plan_memory(model_->units(), c,
+                     {.ranks_per_node = world.local_size,
+                      .device = engine_->device().kind(),
+                      .activations = plan_activations(*model_, config, micro_batch, check.eval_batch, check.len,
+                                                      model_->activation_memory()),
+                      .checkpoint_staging_bytes = check.checkpoint_staging_bytes});
 }
 
 void UnitTrainer::start_at(const config::Config& config, std::int64_t micro, int rank) {
@@ -109,6 +120,22 @@ void UnitTrainer::start_at(const config::Config& config, std::int64_t micro, int
                             {"accumulation_from", static_cast<double>(b.gradient_accumulation_steps)},
                             {"accumulation_to", static_cast<double>(accumulation)}},
                 .fields = {{"reason", "plan"}}});
+}
+
+// DeepSpeed's activation_checkpointing block, as far as it applies to data parallelism.
+void UnitTrainer::offload_kept_inputs(const config::Config& config) {
+  if (!config.activation_checkpointing.cpu_checkpointing) return;
+  if (!model_->can_offload_kept_inputs()) {
+    throw ConfigError(
+        fmt::format("activation_checkpointing.cpu_checkpointing: {} cannot keep its checkpointed inputs "
+                    "in host memory",
+                    model_->describe()));
+  }
+  try {
+    model_->set_offload_kept_inputs(true);
+  } catch (const UsageError& e) {
+    throw ConfigError(fmt::format("activation_checkpointing.cpu_checkpointing: {}", e.what()));
+  }
 }
 
 void UnitTrainer::check_memory(const config::Config& config, const comm::World& world, const MemoryCheck& check) {
@@ -162,6 +189,7 @@ double UnitTrainer::micro_batch(std::span<const std::int32_t> tokens, std::span<
   walk_forward(units, [&](const UnitViews& u) {
     const trace::Scope span("model", fmt::format("forward {}", specs[u.unit].name));
     model_->forward_unit(u.unit, u.params, stream);
+    if (sync_unit_boundaries_) stream.synchronize();
   });
   if (timed_) stream.synchronize();
   const Clock::time_point t1 = Clock::now();
@@ -169,11 +197,14 @@ double UnitTrainer::micro_batch(std::span<const std::int32_t> tokens, std::span<
   walk_backward(units, [&](const UnitViews& u) {
     const trace::Scope span("model", fmt::format("backward {}", specs[u.unit].name));
     model_->backward_unit(u.unit, u.params, u.grads, seed, stream);
+    if (sync_unit_boundaries_) stream.synchronize();
   });
   if (timed_) stream.synchronize();
   window_.forward_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
   window_.backward_ms += ms_since(t1);
-  report_activations();
+  const models::UnitModel::KeptInputsOffload kept = model_->take_kept_inputs_offload();
+  window_.kept_copies_ms += kept.exposed_copy_ms;
+  report_activations(kept.host_bytes);
   return model_->loss(stream);  // the forward's loss, kept through backward
 }
 
@@ -201,17 +232,23 @@ double UnitTrainer::eval(std::span<const std::int32_t> tokens, std::span<const s
   model_->set_batch(tokens, targets, batch, len, models::Pass::eval);
   const Engine::UntracedScope untraced = engine_->untraced();  // keeps the training's prefetch schedule
   walk_forward(units, [&](const UnitViews& u) { model_->forward_unit(u.unit, u.params, stream); });
-  report_activations();
+  report_activations(reported_kept_bytes_);
   return model_->loss(stream);
 }
 
-void UnitTrainer::report_activations() {
+void UnitTrainer::report_activations(std::size_t kept_host_bytes) {
+  MemoryTracker& tracker = engine_->memory();
+  if (kept_host_bytes != reported_kept_bytes_) {
+    const MemoryKind host = engine_->device().caps().host_staging;
+    tracker.on_free(host, MemCategory::activations, reported_kept_bytes_);
+    tracker.on_alloc(host, MemCategory::activations, kept_host_bytes);
+    reported_kept_bytes_ = kept_host_bytes;
+  }
   const std::size_t now = model_->activation_bytes();
   const MemoryKind kind = model_->activation_memory();
   if (now == reported_activations_ && kind == reported_kind_) return;
-  MemoryTracker& m = engine_->memory();
-  m.on_free(reported_kind_, MemCategory::activations, reported_activations_);
-  m.on_alloc(kind, MemCategory::activations, now);
+  tracker.on_free(reported_kind_, MemCategory::activations, reported_activations_);
+  tracker.on_alloc(kind, MemCategory::activations, now);
   reported_activations_ = now;
   reported_kind_ = kind;
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Activation checkpointing through `zero3 train`: each mode (full, selective) trains to bitwise the same run as
-# none, the same losses and gradient norms at every step and the same final checkpoint, byte for byte, for the
-# GPT, the Llama and the MLP, fp32 and bf16, at world sizes 1 and 2 (the GPT also with the optimizer offloaded);
-# and its peak activations are lower. Usage: recompute_cli_test.sh ZERO3_BINARY CONFIGS_DIR MPIEXEC [FLAGS...]
+# Activation checkpointing through `zero3 train`: each mode (full, selective, and full with the kept inputs in
+# host memory: DeepSpeed's activation_checkpointing.cpu_checkpointing) trains to bitwise the same run as none,
+# the same losses and gradient norms at every step and the same final checkpoint, byte for byte, for the GPT,
+# the Llama and the MLP, fp32 and bf16, at world sizes 1 and 2 (the GPT also with the optimizer offloaded);
+# and its peak activations are lower, the offloaded ones in host memory. Usage: recompute_cli_test.sh ZERO3_BINARY CONFIGS_DIR MPIEXEC [FLAGS...]
 set -u
 zero3="$1"
 configs="$2"
@@ -25,6 +26,10 @@ configs, tmp = sys.argv[1:3]
 def write(name, c):
     c["steps_per_print"] = 1
     open(os.path.join(tmp, name + ".json"), "w").write(json.dumps(c))
+    c = json.loads(json.dumps(c))
+    c["activation_checkpointing"] = {"cpu_checkpointing": True}
+    c["zero3"]["model"]["activation_checkpointing"] = "full"
+    open(os.path.join(tmp, name + "-cpu.json"), "w").write(json.dumps(c))
 gpt = json.load(open(os.path.join(configs, "gpt-tiny-ondevice.json")))
 write("gpt-bf16", dict(gpt))
 fp32 = dict(gpt); fp32.pop("bf16", None); write("gpt-fp32", fp32)
@@ -40,12 +45,13 @@ write("llama-bf16", dict(llama))
 l32 = dict(llama); l32.pop("bf16", None); write("llama-fp32", l32)
 PY
 
-run() {  # job np mode
-  local out="$tmp/$1-np$2-$3"
+run() {  # job np mode (full-cpu: full with cpu_checkpointing)
+  local out="$tmp/$1-np$2-$3" config="$tmp/$1.json" mode="$3"
+  [[ "$3" == full-cpu ]] && config="$tmp/$1-cpu.json" mode=full
   local launch=()
   [[ "$2" -gt 1 ]] && launch=("$mpiexec" "${mpi_flags[@]}" -np "$2")
-  "${launch[@]}" "$zero3" train --progress off --config "$tmp/$1.json" --steps 4 --log-interval 1 --heldout-samples 2 \
-    --model.activation_checkpointing "$3" --metrics "$out.jsonl" --memory-json "$out.mem.json" --save-dir "$out.ckpt" \
+  "${launch[@]}" "$zero3" train --progress off --config "$config" --steps 4 --log-interval 1 --heldout-samples 2 \
+    --model.activation_checkpointing "$mode" --metrics "$out.jsonl" --memory-json "$out.mem.json" --save-dir "$out.ckpt" \
     --save-mode sync >"$out.out" 2>&1 || {
     fail "$1 at np $2 with $3 failed: $(tail -n 3 "$out.out")"
     return 1
@@ -72,7 +78,7 @@ PY
 for job in gpt-fp32 gpt-bf16 gpt-offload-bf16 llama-fp32 llama-bf16 mlp-bf16; do
   for np in 1 2; do
     run "$job" "$np" none || continue
-    for mode in full selective; do
+    for mode in full selective full-cpu; do
       run "$job" "$np" "$mode" && same_run "$job" "$np" "$mode"
     done
   done
@@ -88,6 +94,17 @@ def activations(mode):
 none, full, selective = (activations(m) for m in ("none", "full", "selective"))
 print(f"llama-fp32 activations: none {none}, selective {selective}, full {full} bytes")
 sys.exit(0 if full < selective < none else 1)
+PY
+# cpu_checkpointing moves full's kept inputs out of the device's activations into host memory (the host device's
+# staging memory is pageable).
+python3 - "$tmp/llama-fp32-np1" <<'PY' || fail "cpu_checkpointing did not move the kept inputs to host memory"
+import json, sys
+def peaks(mode):
+    p = json.load(open(f"{sys.argv[1]}-{mode}.mem.json"))["ranks"][0]["peak_bytes"]
+    return p["device"].get("activations", 0), p["pageable_host"].get("activations", 0)
+full, cpu = peaks("full"), peaks("full-cpu")
+print(f"llama-fp32 full activations (device, host): {full}; with cpu_checkpointing: {cpu}")
+sys.exit(0 if cpu[0] < full[0] and cpu[1] > 0 and full[1] == 0 else 1)
 PY
 
 echo "recompute_cli_test: $failures failure(s)"

@@ -21,6 +21,7 @@
 #include "zero3/engine/memory_plan.hpp"
 #include "zero3/models/model_factory.hpp"
 #include "zero3/train/memory_report.hpp"
+#include "zero3/train/unit_trainer.hpp"
 
 namespace zero3::tools {
 namespace {
@@ -69,12 +70,6 @@ void run_plan(const PlanOptions& o) {
   const std::unique_ptr<Device> host = make_host_device();
   const std::unique_ptr<models::UnitModel> model = models::make_train_model(ms, *host);
   const int ranks_per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min(o.world_size, 8);
-  const models::UnitModel::ActivationShape shape{
-      .micro_batch = static_cast<int>(cfg.batch.train_micro_batch_size_per_gpu),
-      .eval_batch = heldout_batch_per_rank(cfg, o.train, o.world_size),
-      .len = static_cast<int>(ms.seq_len),
-      .params = cfg.model_dtype(),
-      .recompute = ms.activation_checkpointing};
   // zero3.device (--device overrides it): "auto" plans for a GPU where this machine has one.
   const bool cuda = cfg.zero3.device == config::DeviceChoice::cuda ||
                     (cfg.zero3.device == config::DeviceChoice::automatic && cuda_device_count() > 0);
@@ -82,8 +77,9 @@ void run_plan(const PlanOptions& o) {
   MemoryPlanOptions options;
   options.ranks_per_node = ranks_per_node;
   options.device = device;
-  options.activations = {.bytes = model->planned_activation_bytes(shape),
-                         .kind = device == DeviceKind::cuda ? MemoryKind::device : model->activation_memory()};
+  options.activations = train::plan_activations(
+      *model, cfg, cfg.batch.train_micro_batch_size_per_gpu, heldout_batch_per_rank(cfg, o.train, o.world_size),
+      static_cast<int>(ms.seq_len), device == DeviceKind::cuda ? MemoryKind::device : model->activation_memory());
   const MemoryPlan plan = plan_memory(model->units(), cfg, options);
   if (o.json) {
     fmt::print("{}\n", train::plan_json(plan).dump(1));

@@ -18,6 +18,7 @@
 #include "zero3/device/device.hpp"
 #include "zero3/engine/memory_plan.hpp"
 #include "zero3/models/model_factory.hpp"
+#include "zero3/train/unit_trainer.hpp"
 
 namespace zero3::tools {
 namespace {
@@ -60,16 +61,11 @@ class Fitter {
   }
 
   std::uint64_t plan(const config::Config& c) const {
-    const models::UnitModel::ActivationShape shape{
-        .micro_batch = static_cast<int>(c.batch.train_micro_batch_size_per_gpu),
-        .eval_batch = eval_batch_,
-        .len = static_cast<int>(c.zero3.model->seq_len),
-        .params = c.model_dtype(),
-        .recompute = c.zero3.model->activation_checkpointing};
     MemoryPlanOptions options;
     options.device = DeviceKind::cuda;
     options.ranks_per_node = std::min(o_.world_size, 8);
-    options.activations = {.bytes = model_->planned_activation_bytes(shape), .kind = MemoryKind::device};
+    options.activations = train::plan_activations(*model_, c, c.batch.train_micro_batch_size_per_gpu, eval_batch_,
+                                                  static_cast<int>(c.zero3.model->seq_len), MemoryKind::device);
     return plan_memory(model_->units(), c, options).peak_total(MemoryKind::device);
   }
 
@@ -155,7 +151,7 @@ class Fitter {
   // products, about 2 flops per param per token, at --tflops); selective reruns the norms and the activation
   // (memory-bound: their inputs read and outputs written at --hbm-gbps).
   void add_recompute_candidates(std::vector<Candidate>& out, const config::Config& both, double both_ms) const {
-    if (!base_.zero3.model || base_.zero3.model->activation_checkpointing == Recompute::full) return;
+    if (!base_.zero3.model || base_.activation_checkpointing.cpu_checkpointing) return;
     const config::ModelSettings& m = *base_.zero3.model;
     const double tokens = static_cast<double>(base_.batch.train_micro_batch_size_per_gpu) *
                           static_cast<double>(m.seq_len) * static_cast<double>(base_.batch.gradient_accumulation_steps);
@@ -179,6 +175,20 @@ class Fitter {
     } bases[] = {{"", &base_, 0.0},
                  {" + offload_optimizer cpu", &optimizer, optimizer_ms},
                  {" + offload_optimizer cpu + offload_param cpu", &both, both_ms}};
+    // cpu_checkpointing: the kept inputs (one [tokens, hidden] per layer) down in forward and up in backward.
+    const double kept_ms = 2.0 * tokens * static_cast<double>(m.hidden_size * m.layers) *
+                           static_cast<double>(size_of(base_.model_dtype())) / (o_.pcie_gbps * 1e9) * 1e3;
+    for (const auto& b : bases) {
+      config::Config c = *b.config;
+      c.zero3.model->activation_checkpointing = Recompute::full;
+      c.activation_checkpointing.cpu_checkpointing = true;
+      out.push_back(
+          {fmt::format("activation_checkpointing full + cpu_checkpointing{}", b.name), std::move(c), 0,
+           b.ms + full_ms + kept_ms,
+           fmt::format("a second forward's products at {} TFLOP/s and the kept inputs' copies at {} GB/s "
+                       "(if not hidden behind compute){}",
+                       o_.tflops, o_.pcie_gbps, b.ms > 0.0 ? ", and the offload's copies and CPU step" : "")});
+    }
     for (const Recompute mode : {Recompute::selective, Recompute::full}) {
       if (mode == m.activation_checkpointing) continue;
       for (const auto& b : bases) {

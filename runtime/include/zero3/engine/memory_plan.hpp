@@ -52,6 +52,9 @@ struct MemoryTable {
 struct ActivationPlan {
   std::uint64_t bytes = 0;
   MemoryKind kind = MemoryKind::device;
+  // cpu_checkpointing: the kept inputs in host memory (UnitModel::planned_offloaded_bytes), in the device's
+  // host staging memory (pinned on CUDA).
+  std::uint64_t offloaded_bytes = 0;
 };
 
 struct MemoryPlanOptions {

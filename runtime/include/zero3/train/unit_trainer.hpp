@@ -39,6 +39,7 @@ struct StepSplit {
   double reduce_wait_ms = 0.0;     // step() waiting for the reductions
   double optimizer_ms = 0.0;       // step() after the reductions
   double copies_exposed_ms = 0.0;  // CPU offload: host<->device copy time not hidden behind other work
+  double kept_copies_ms = 0.0;     // cpu_checkpointing: kept-input copy time the compute waited for
 
   double total_ms() const { return forward_ms + backward_ms + step_ms; }
   StepSplit& operator+=(const StepSplit& o);
@@ -57,6 +58,12 @@ struct MemoryCheck {
   // The checkpoint staging area a save may fill (ckpt::CheckpointerOptions::staging_bytes), 0 without saves.
   std::uint64_t checkpoint_staging_bytes = 0;
 };
+
+// The activations part of a job's memory plan: what `model` plans for a train micro-batch of `micro_batch`
+// windows and held-out passes of `eval_batch`, `len` tokens each, with `config`'s params dtype, checkpointing
+// (zero3.model.activation_checkpointing) and cpu_checkpointing; `kind`: where the model keeps them.
+ActivationPlan plan_activations(const models::UnitModel& model, const config::Config& config, std::int64_t micro_batch,
+                                int eval_batch, int len, MemoryKind kind);
 
 class UnitTrainer {
  public:
@@ -97,7 +104,9 @@ class UnitTrainer {
   const StepSplit& last_split() const { return last_split_; }
 
  private:
-  void report_activations();
+  // The model's activations, and the kept inputs it holds in host memory (cpu_checkpointing), to the tracker.
+  void report_activations(std::size_t kept_host_bytes);
+  void offload_kept_inputs(const config::Config& config);
   // Plans the job's memory (and, under zero3.accumulation's memory policy, picks the micro-batch it starts
   // with); ConfigError when the plan does not fit the device.
   void check_memory(const config::Config& config, const comm::World& world, const MemoryCheck& check);
@@ -107,6 +116,7 @@ class UnitTrainer {
                       std::int64_t micro_batch);
 
   bool timed_;
+  bool sync_unit_boundaries_;  // activation_checkpointing.synchronize_checkpoint_boundary
   config::BatchConfig configured_batch_;
   std::shared_ptr<comm::Bootstrap> bootstrap_;
   // Destroyed after the engine, whose destructor drains the streams that may still read the model's buffers.
@@ -116,6 +126,7 @@ class UnitTrainer {
   std::optional<std::uint64_t> device_budget_bytes_;
   std::size_t reported_activations_ = 0;
   MemoryKind reported_kind_ = MemoryKind::pageable_host;
+  std::size_t reported_kept_bytes_ = 0;
   StepSplit window_;  // the accumulation window in progress
   StepSplit last_split_;
 };
