@@ -224,7 +224,7 @@ void GptModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
     detail::resize_exact(out, rows * d);
     BlockActs& kept = train ? kept_acts(unit) : blocks_[0];
     forward_block(kept, train ? recomputed_acts(unit) : kept, params, residual(unit - 1).data(), out.data());
-    if (train && kept_.enabled()) kept_.offload(unit - 1, residual(unit - 1));
+    if (train && kept_.enabled() && overwritten(unit - 1)) kept_.offload(unit - 1, residual(unit - 1));
   } else {
     forward_head(params, residual(unit - 1).data());
     if (train) next_backward_ = num_units();
@@ -350,7 +350,7 @@ void GptModel<T>::backward_block(std::size_t unit, std::span<const T* const> p, 
   const Index d = idx(config_.hidden);
   const Index f = idx(config_.mlp_hidden());
   const Index len = idx(len_);
-  if (kept_.enabled()) kept_.restore(unit - 1, residual(unit - 1));
+  if (kept_.enabled() && overwritten(unit - 1)) kept_.restore(unit - 1, residual(unit - 1));
   const T* in = residual(unit - 1).data();
   BlockActs& a = kept_acts(unit);
   BlockActs& r = recomputed_acts(unit);
@@ -526,8 +526,9 @@ std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
 
 template <typename T>
 std::size_t GptModel<T>::planned_offloaded_bytes(int micro_batch, int len) const {
-  // residual_[0 .. layers - 1], the blocks' inputs, each [rows, hidden].
-  return idx(config_.layers) * idx(micro_batch) * idx(len) * idx(config_.hidden) * sizeof(T);
+  // The inputs a later block overwrites (overwritten()), each [rows, hidden].
+  const Index layers = idx(config_.layers);
+  return (layers >= 3 ? layers - 2 : 0) * idx(micro_batch) * idx(len) * idx(config_.hidden) * sizeof(T);
 }
 
 template class GptModel<float>;

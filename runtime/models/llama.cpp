@@ -252,7 +252,7 @@ void LlamaModel<T>::forward_unit(std::size_t unit, std::span<const T* const> par
     detail::resize_exact(out, rows * d);
     LayerActs& kept = train ? kept_acts(unit) : layers_[0];
     forward_layer(kept, train ? recomputed_acts(unit) : kept, params, residual(unit - 1).data(), out.data());
-    if (train && kept_.enabled()) kept_.offload(unit - 1, residual(unit - 1));
+    if (train && kept_.enabled() && overwritten(unit - 1)) kept_.offload(unit - 1, residual(unit - 1));
   } else {
     forward_head(params, residual(unit - 1).data());
     if (train) next_backward_ = num_units();
@@ -376,7 +376,7 @@ void LlamaModel<T>::backward_layer(std::size_t unit, std::span<const T* const> p
   const Index dim = idx(config_.dim());
   const Index q_width = heads * dim;
   const Index kv_width = kv * dim;
-  if (kept_.enabled()) kept_.restore(unit - 1, residual(unit - 1));
+  if (kept_.enabled() && overwritten(unit - 1)) kept_.restore(unit - 1, residual(unit - 1));
   const T* in = residual(unit - 1).data();
   LayerActs& a = kept_acts(unit);
   LayerActs& r = recomputed_acts(unit);
@@ -554,8 +554,9 @@ std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_ba
 
 template <typename T>
 std::size_t LlamaModel<T>::planned_offloaded_bytes(int micro_batch, int len) const {
-  // residual_[0 .. layers - 1], the layers' inputs, each [rows, hidden].
-  return idx(config_.layers) * idx(micro_batch) * idx(len) * idx(config_.hidden) * sizeof(T);
+  // The inputs a later layer overwrites (overwritten()), each [rows, hidden].
+  const Index layers = idx(config_.layers);
+  return (layers >= 3 ? layers - 2 : 0) * idx(micro_batch) * idx(len) * idx(config_.hidden) * sizeof(T);
 }
 
 template class LlamaModel<float>;

@@ -196,8 +196,7 @@ void MlpModel<T>::forward_unit(std::size_t unit, std::span<const T* const> param
     detail::resize_exact(post_[post_slot(layer)], rows * d);
     ops::linear_forward(layer_input(layer), params[0], params[1], pre.data(), rows, in, d);
     ops::gelu_forward(pre.data(), layer_output(layer), rows * d);
-    // The first layer's input is the embeddings' own buffer, which nothing overwrites: it stays.
-    if (train && kept_.enabled() && layer > 0) kept_.offload(layer, input_buffer(layer));
+    if (train && kept_.enabled() && overwritten(layer)) kept_.offload(layer, input_buffer(layer));
   } else {
     detail::resize_exact(logits_, rows * vocab);
     ops::linear_forward(layer_input(idx(config_.layers)), params[0], params[1], logits_.data(), rows, d, vocab);
@@ -243,7 +242,7 @@ void MlpModel<T>::backward_unit(std::size_t unit, std::span<const T* const> para
   } else if (unit > 0) {
     const std::size_t layer = unit - 1;
     const Index in = layer == 0 ? idx(config_.input_width()) : d;
-    if (kept_.enabled() && layer > 0) kept_.restore(layer, input_buffer(layer));
+    if (kept_.enabled() && overwritten(layer)) kept_.restore(layer, input_buffer(layer));
     const T* pre = pre_[recompute_ == Recompute::full ? 0 : layer].data();
     if (recompute_ == Recompute::full) {
       // The forward's own product again, into the one buffer all layers share.
@@ -337,8 +336,9 @@ std::size_t MlpModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
 
 template <typename T>
 std::size_t MlpModel<T>::planned_offloaded_bytes(int micro_batch) const {
-  // The inputs of layers 1 .. layers - 1 (the first layer's is the embeddings' buffer, which stays).
-  return (idx(config_.layers) - 1) * idx(micro_batch) * idx(config_.hidden) * sizeof(T);
+  // The inputs of layers 1 .. layers - 3 (overwritten()).
+  const Index layers = idx(config_.layers);
+  return (layers >= 4 ? layers - 3 : 0) * idx(micro_batch) * idx(config_.hidden) * sizeof(T);
 }
 
 template class MlpModel<float>;

@@ -175,7 +175,7 @@ TEST_CASE("the GPT's planned activations are the bytes it holds after a job's pa
   c.seq_len = 16;
   c.hidden = 64;
   c.heads = 4;
-  for (const int layers : {1, 3}) {  // one block: the offloaded layout's edge
+  for (const int layers : {1, 3}) {  // one block: the offloaded layout's edge; three: one input moves
     c.layers = layers;
     for (const DType dtype : {DType::f32, DType::bf16}) {
       for (const auto& [micro, eval] : std::vector<std::pair<int, int>>{{4, 0}, {4, 6}, {4, 24}, {8, 3}, {2, 2}}) {
@@ -201,20 +201,22 @@ TEST_CASE("the Llama's planned activations are the bytes it holds after a job's 
 }
 
 TEST_CASE("recomputed and offloaded activations give bitwise the gradients of stored ones", "[models][recompute]") {
+  // Layers enough that the offload has inputs to move (those a later unit overwrites).
   models::GptConfig gpt;
   gpt.vocab_size = 96;
   gpt.seq_len = 80;
-  gpt.layers = 2;
+  gpt.layers = 4;
   gpt.hidden = 64;
   gpt.heads = 4;
   for (const DType dtype : {DType::f32, DType::bf16}) {
     check_recompute_bitwise(*models::make_host_gpt(gpt), gpt.seq_len, gpt.vocab_size, dtype);
-    const models::LlamaConfig llama = small_llama();
+    models::LlamaConfig llama = small_llama();
+    llama.layers = 4;
     check_recompute_bitwise(*models::make_host_llama(llama), llama.seq_len, llama.vocab_size, dtype);
     models::MlpConfig mlp;
     mlp.vocab_size = 48;
     mlp.context = 4;
-    mlp.layers = 3;
+    mlp.layers = 5;
     mlp.hidden = 96;
     check_recompute_bitwise(*models::make_host_mlp(mlp), mlp.context + 2, mlp.vocab_size, dtype);
   }
@@ -225,7 +227,7 @@ TEST_CASE("the MLP's planned activations are the bytes it holds after a job's pa
   c.vocab_size = 48;
   c.context = 4;
   c.hidden = 96;
-  for (const int layers : {1, 2, 3}) {  // the offloaded layout's buffers come into use at 2 and 3 layers
+  for (const int layers : {1, 2, 3, 5}) {  // the offloaded layout's buffers come into use at 2, 3 and 4 layers
     c.layers = layers;
     for (const DType dtype : {DType::f32, DType::bf16}) {
       for (const auto& [micro, eval] : std::vector<std::pair<int, int>>{{4, 0}, {4, 6}, {8, 3}, {2, 12}}) {

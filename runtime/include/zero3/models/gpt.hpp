@@ -113,8 +113,9 @@ class GptModel {
   // Recompute::none.
   void set_recompute(Recompute mode);
   Recompute recompute() const { return recompute_; }
-  // cpu_checkpointing (UnitModel::set_offload_kept_inputs), with Recompute::full only: a train pass moves each
-  // block's input to a host store after the block's forward and back for its backward (kept_inputs.hpp).
+  // cpu_checkpointing (UnitModel::set_offload_kept_inputs), with Recompute::full only: a train pass moves the
+  // blocks' inputs that a later block overwrites to a host store after the block's forward and back for its
+  // backward (kept_inputs.hpp).
   void set_offload_kept_inputs(bool on);
   bool offload_kept_inputs() const { return kept_.enabled(); }
   KeptInputs<T>& kept_inputs() { return kept_; }
@@ -182,6 +183,9 @@ class GptModel {
   // residual_[0] and residual_[1] are used, in turn.
   // The residual stream: unit u's output (u = layers: the head's input), in a train pass's layout.
   std::vector<T>& residual(std::size_t u);
+  // Offloaded, input k (unit k's output) is overwritten by block k + 2's output unless that is the last block's:
+  // only those inputs go to the host store; the last two blocks' are still in place for their backward.
+  bool overwritten(std::size_t k) const { return k + 3 <= static_cast<std::size_t>(config_.layers); }
   std::vector<std::vector<T>> residual_;
   std::vector<BlockActs> blocks_;  // train: one per block (Recompute::full: one, reused); eval: one, reused
   BlockActs recomputed_;           // Recompute::selective: ln1, ln2 and gelu of the block in hand

@@ -91,8 +91,9 @@ class LlamaModel {
   // gradients of Recompute::none.
   void set_recompute(Recompute mode);
   Recompute recompute() const { return recompute_; }
-  // cpu_checkpointing (UnitModel::set_offload_kept_inputs), with Recompute::full only: a train pass moves each
-  // layer's input to a host store after the layer's forward and back for its backward (kept_inputs.hpp).
+  // cpu_checkpointing (UnitModel::set_offload_kept_inputs), with Recompute::full only: a train pass moves the
+  // layers' inputs that a later layer overwrites to a host store after the layer's forward and back for its
+  // backward (kept_inputs.hpp).
   void set_offload_kept_inputs(bool on);
   bool offload_kept_inputs() const { return kept_.enabled(); }
   KeptInputs<T>& kept_inputs() { return kept_; }
@@ -157,6 +158,9 @@ class LlamaModel {
 
   // The residual stream: unit u's output (u = layers: the head's input), in a train pass's layout.
   std::vector<T>& residual(std::size_t u);
+  // Offloaded, input k (unit k's output) is overwritten by layer k + 2's output unless that is the last layer's:
+  // only those inputs go to the host store; the last two layers' are still in place for their backward.
+  bool overwritten(std::size_t k) const { return k + 3 <= static_cast<std::size_t>(config_.layers); }
   std::vector<std::vector<T>> residual_;  // as GptModel: train keeps each unit's input, eval alternates two
   std::vector<LayerActs> layers_;
   LayerActs recomputed_;  // Recompute::selective: norm1, norm2 and swiglu of the layer in hand

@@ -95,8 +95,8 @@ class MlpModel {
   // Recompute::selective keeps everything, as none does (a layer's only intermediate is a product's output).
   void set_recompute(Recompute mode);
   Recompute recompute() const { return recompute_; }
-  // cpu_checkpointing (UnitModel::set_offload_kept_inputs), with Recompute::full only: a train pass moves each
-  // layer's input (but the first's, the embeddings) to a host store after the layer's forward and back for its
+  // cpu_checkpointing (UnitModel::set_offload_kept_inputs), with Recompute::full only: a train pass moves the
+  // layers' inputs that a later layer overwrites to a host store after the layer's forward and back for its
   // backward (kept_inputs.hpp).
   void set_offload_kept_inputs(bool on);
   bool offload_kept_inputs() const { return kept_.enabled(); }
@@ -107,6 +107,12 @@ class MlpModel {
   const T* layer_input(std::size_t layer) const;
   T* layer_output(std::size_t layer);
   std::size_t post_slot(std::size_t layer) const;  // where layer `layer`'s output lives in this pass
+  // Offloaded, layer l's input (layer l - 1's output) is overwritten by layer l + 1's output unless that is the
+  // last layer's; the first layer's input is the embeddings' own buffer. Only overwritten inputs go to the host
+  // store.
+  bool overwritten(std::size_t layer) const {
+    return layer >= 1 && layer + 3 <= static_cast<std::size_t>(config_.layers);
+  }
   std::vector<T>& input_buffer(std::size_t layer) { return layer == 0 ? embed_ : post_[post_slot(layer - 1)]; }
 
   MlpConfig config_;
