@@ -292,8 +292,10 @@ void check_recompute_bitwise(UnitModel& model, Gpu& gpu, const Config& config, D
   const Tensors params = make_params(model.units(), config.hidden, seed, dtype);
   const DeviceTensors device_params(gpu, params, dtype);
   const Batch b = make_batch(config, 3, config.seq_len, seed + 1);
-  const auto run = [&](zero3::Recompute mode, std::vector<std::vector<double>>& grads_out) {
+  const auto run = [&](zero3::Recompute mode, std::vector<std::vector<double>>& grads_out, bool offload = false) {
+    model.set_offload_kept_inputs(false);
     model.set_recompute(mode);
+    model.set_offload_kept_inputs(offload);
     const DeviceTensors grads(gpu, zeros_like(params), dtype);
     const double loss = forward_pass(model, gpu, device_params, b, Pass::train);
     backward_pass(model, gpu, device_params, grads);
@@ -316,6 +318,27 @@ void check_recompute_bitwise(UnitModel& model, Gpu& gpu, const Config& config, D
       CHECK(again[k] == stored[k]);
     }
   }
+  // cpu_checkpointing: full recomputation's kept inputs through pinned memory on the copy stream.
+  INFO(zero3::dtype_name(dtype) << ", recompute full, kept inputs offloaded");
+  REQUIRE(model.can_offload_kept_inputs());
+  std::vector<std::vector<double>> offloaded;
+  CHECK(run(zero3::Recompute::full, offloaded, true) == stored_loss);
+  REQUIRE(offloaded.size() == stored.size());
+  for (std::size_t k = 0; k < stored.size(); ++k) {
+    INFO("gradient " << k);
+    CHECK(offloaded[k] == stored[k]);
+  }
+  gpu.stream->synchronize();
+  const UnitModel::KeptInputsOffload o = model.take_kept_inputs_offload();
+  const std::size_t planned = model.planned_offloaded_bytes({.micro_batch = 3,
+                                                             .len = config.seq_len,
+                                                             .params = dtype,
+                                                             .recompute = zero3::Recompute::full,
+                                                             .offload_kept_inputs = true});
+  CHECK(planned > 0);  // the rig's models have layers whose inputs a later layer overwrites
+  CHECK(o.host_bytes == planned);
+  CHECK(o.exposed_copy_ms >= 0.0);
+  model.set_offload_kept_inputs(false);
   model.set_recompute(zero3::Recompute::none);
 }
 

@@ -113,11 +113,13 @@ TEST_CASE("cuda gpt: eval passes, per-position losses and causality", "[models][
       kF32LossTol);
 }
 
-TEST_CASE("cuda gpt: full and selective recomputation give bitwise the gradients of none", "[models][gpu]") {
+TEST_CASE("cuda gpt: full and selective recomputation, and cpu_checkpointing, give bitwise the gradients of none",
+          "[models][gpu]") {
   const DType dtype = GENERATE(DType::f32, DType::bf16);
   const std::uint64_t seed = zero3::test::test_seed();
   INFO("seed " << seed);
-  const GptConfig config = tiny_config();
+  GptConfig config = tiny_config();
+  config.layers = 5;  // inputs 0 .. 2 are overwritten by later layers: the offload copies them
   Gpu gpu;
   std::unique_ptr<UnitModel> model = zero3::models::make_cuda_gpt(config, *gpu.device);
   zero3::test::check_recompute_bitwise(*model, gpu, config, dtype, seed);

@@ -382,11 +382,13 @@ TEST_CASE("cuda llama: eval passes, causality and planned activation bytes", "[m
       kF32LossTol);
 }
 
-TEST_CASE("cuda llama: full and selective recomputation give bitwise the gradients of none", "[models][gpu]") {
+TEST_CASE("cuda llama: full and selective recomputation, and cpu_checkpointing, give bitwise the gradients of none",
+          "[models][gpu]") {
   const DType dtype = GENERATE(DType::f32, DType::bf16);
   const std::uint64_t seed = zero3::test::test_seed();
   INFO("seed " << seed);
-  const LlamaConfig config = tiny_config();
+  LlamaConfig config = tiny_config();
+  config.layers = 5;  // inputs 0 .. 2 are overwritten by later layers: the offload copies them
   Gpu gpu;
   std::unique_ptr<UnitModel> model = zero3::models::make_cuda_llama(config, *gpu.device);
   zero3::test::check_recompute_bitwise(*model, gpu, config, dtype, seed);

@@ -52,6 +52,7 @@ CudaDecoder::~CudaDecoder() {
   release({&staging_, &loss_host_, &batch_words_, &arena_, &operands_a_, &operands_b_, &weight_grad_});
   try {
     DeviceGuard guard(ordinal_);
+    copier_.reset();
     cublas_.reset();
   } catch (...) {  // DeviceGuard failed: the members' own destructors still free what they hold
   }
@@ -130,6 +131,42 @@ void CudaDecoder::set_recompute(Recompute mode) {
   }
   recompute_ = mode;
   batch_set_ = false;  // the arena of the last set_batch was carved for the old mode: set_batch again
+}
+
+void CudaDecoder::set_offload_kept_inputs(bool on) {
+  if (next_backward_ != 0) {
+    throw UsageError(
+        fmt::format("{} set_offload_kept_inputs: called between a train pass's forward and its backward", name_));
+  }
+  if (on && recompute_ != Recompute::full) {
+    throw UsageError(
+        fmt::format("{}: cpu_checkpointing offloads the inputs full recomputation keeps, and the model "
+                    "recomputes \"{}\" (zero3.model.activation_checkpointing \"full\")",
+                    name_, to_string(recompute_)));
+  }
+  if (on == offload_kept_inputs()) return;
+  DeviceGuard guard(ordinal_);
+  wait_idle();
+  copier_ = on ? std::make_unique<KeptInputsCopier>() : nullptr;
+  batch_set_ = false;  // the arena of the last set_batch was carved for the old layout: set_batch again
+}
+
+UnitModel::KeptInputsOffload CudaDecoder::take_kept_inputs_offload() {
+  if (!copier_) return {};
+  DeviceGuard guard(ordinal_);
+  return {.host_bytes = copier_->host_bytes(), .exposed_copy_ms = copier_->take_exposed_ms()};
+}
+
+std::size_t CudaDecoder::planned_offloaded_bytes(const ActivationShape& shape) const {
+  if (!shape.offload_kept_inputs) return 0;
+  const std::size_t layers = num_units() - 2;  // the inputs a later layer overwrites: 0 .. layers - 3
+  return (layers >= 3 ? layers - 2 : 0) * sz(shape.micro_batch) * sz(shape.len) * sz(hidden_size()) * sizeof(float);
+}
+
+std::size_t CudaDecoder::residual_slot(std::size_t u) const {
+  if (!train()) return u % 2;
+  if (!copier_) return u;
+  return u == num_units() - 2 ? 2 : u % 2;
 }
 
 void CudaDecoder::prepare_pass() {
@@ -254,10 +291,14 @@ void CudaDecoder::forward_unit(std::size_t unit, std::span<const BufferView> par
     if (unit == 0) {
       prepare_pass();
       upload_batch(s);
+      if (copier_ && train()) copier_->prepare(num_units() - 2, rows() * sz(hidden_size()));
     } else {
       ensure_scratch(params[0].dtype, DType::f32, false);  // a unit's params share one dtype (check_views)
     }
+    const bool layer = unit > 0 && !head;
+    if (layer && copier_ && train()) copier_->before_forward(unit, s);
     forward(unit, params, s);
+    if (layer && copier_ && train()) copier_->after_forward(unit, residual_stream(unit - 1), s);
     ZERO3_CUDA_CHECK(cudaEventRecord(done_->get(), s));
   }
   ++next_forward_;
@@ -297,6 +338,9 @@ void CudaDecoder::backward_unit(std::size_t unit, std::span<const BufferView> pa
   DeviceGuard guard(ordinal_);
   const cudaStream_t s = bind_stream(stream, "backward_unit");
   if (unit != 0) ensure_scratch(params[0].dtype, grads[0].dtype, true);
+  if (copier_ && unit > 0 && unit + 1 < num_units()) {
+    copier_->before_backward(unit, unit >= 2 ? residual_stream(unit - 2) : nullptr, s);
+  }
   backward(unit, params, grads, seed_scale, s);
   ZERO3_CUDA_CHECK(cudaEventRecord(done_->get(), s));
   --next_backward_;

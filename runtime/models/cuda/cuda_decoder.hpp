@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -22,6 +23,7 @@
 #include "cuda_resources.hpp"
 #include "embedding.cuh"
 #include "gemm.hpp"
+#include "kept_inputs_cuda.hpp"
 #include "zero3/models/unit_model.hpp"
 
 namespace zero3::models::gpu {
@@ -56,6 +58,12 @@ class CudaDecoder : public UnitModel {
   bool can_recompute(Recompute /*mode*/) const final { return true; }
   // Between passes; takes effect at the next set_batch (which carves the arena for it).
   void set_recompute(Recompute mode) final;
+  // cpu_checkpointing with Recompute::full (kept_inputs_cuda.hpp): the layers' inputs take turns in two
+  // buffers, those a later layer overwrites go to pinned memory on a copy stream and come back one layer ahead.
+  bool can_offload_kept_inputs() const final { return true; }
+  void set_offload_kept_inputs(bool on) final;
+  KeptInputsOffload take_kept_inputs_offload() final;
+  std::size_t planned_offloaded_bytes(const ActivationShape& shape) const final;
 
  protected:
   // Element counts of the scratch the current pass needs when weights (grads) are 16-bit: the widest
@@ -72,6 +80,9 @@ class CudaDecoder : public UnitModel {
   CudaDecoder(std::string name, Device& device, std::vector<UnitSpec> units, std::vector<std::vector<ParamSpec>> views,
               int vocab_size, int seq_len);
 
+  // The residual stream's buffer for unit u's output (residual_slot) and its width (hidden size).
+  virtual float* residual_stream(std::size_t u) = 0;
+  virtual int hidden_size() const = 0;
   // The model's part, called with the model's device current and the cuBLAS handle on `stream`.
   // carve: the arena of the current pass from `base` (null: only count), returns the floats it uses.
   virtual std::size_t carve(float* base) = 0;
@@ -91,6 +102,14 @@ class CudaDecoder : public UnitModel {
   int len() const { return len_; }
   bool train() const { return pass_ == Pass::train; }
   Recompute recompute() const { return recompute_; }
+  bool offload_kept_inputs() const { return copier_ != nullptr; }
+  // Where the residual stream's unit-u output lives in this pass (u = layers: the head's input): a train pass
+  // keeps one buffer per unit, or three when offloaded (two taking turns and the head's); eval two in turn.
+  std::size_t residual_slot(std::size_t u) const;
+  // The residual buffers a pass carves.
+  static std::size_t residual_buffers(bool train, bool offload, int layers) {
+    return !train ? 2 : offload ? 3 : static_cast<std::size_t>(layers) + 1;
+  }
   const std::int32_t* tokens_dev() const { return tokens_dev_; }
   const std::int32_t* targets_dev() const { return targets_dev_; }
   const TokenRows& token_rows() const { return token_rows_; }
@@ -154,6 +173,7 @@ class CudaDecoder : public UnitModel {
   std::size_t next_backward_ = 0;  // one past the unit backward_unit expects next; 0: none
   bool loss_ready_ = false;
   Recompute recompute_ = Recompute::none;
+  std::unique_ptr<KeptInputsCopier> copier_;  // cpu_checkpointing only
 
   // The batch as int32 words: tokens, targets, then the rows grouped by token for the embedding backward
   // (row_index [rows], uniq [num_uniq], offsets [num_uniq + 1]).

@@ -77,7 +77,7 @@ struct BlockActs {
 };
 
 struct Activations {
-  // Train: residual[u] is the output of unit u (the input of unit u + 1); eval: residual[u % 2].
+  // The residual stream: unit u's output in residual[residual_slot(u)] (CudaDecoder::residual_slot).
   std::vector<float*> residual;
   std::vector<BlockActs> blocks;  // train: one per block (Recompute::full: one, reused); eval: one, reused
   BlockActs recomputed;           // Recompute::selective: ln1, ln2 and gelu of the block in hand
@@ -103,6 +103,8 @@ class CudaGpt final : public gpu::CudaDecoder {
   std::size_t carve(float* base) override;
   ScratchSizes scratch_sizes() const override;
   const double* device_loss() const override { return acts_.loss; }
+  float* residual_stream(std::size_t u) override { return acts_.residual[residual_slot(u)]; }
+  int hidden_size() const override { return config_.hidden; }
   void forward(std::size_t unit, std::span<const BufferView> params, cudaStream_t stream) override;
   void backward(std::size_t unit, std::span<const BufferView> params, std::span<const BufferView> grads,
                 float seed_scale, cudaStream_t stream) override;
@@ -163,7 +165,7 @@ std::size_t CudaGpt::carve(float* base) {
   const std::size_t f = sz(config_.mlp_hidden());
   const std::size_t len = sz(this->len());
   const std::size_t layers = sz(config_.layers);
-  a.residual.assign(train() ? layers + 1 : 2, nullptr);
+  a.residual.assign(residual_buffers(train(), offload_kept_inputs(), config_.layers), nullptr);
   for (float*& p : a.residual) p = c.take(r * d);
   a.blocks.assign(train() && recompute() != Recompute::full ? layers : 1, BlockActs{});
   // Selective recomputation: ln1, ln2 and gelu live once, in recomputed.
@@ -236,7 +238,7 @@ void CudaGpt::backward(std::size_t unit, std::span<const BufferView> params, std
 // ---- units -----------------------------------------------------------------------------------------------
 
 void CudaGpt::forward_embed(cudaStream_t stream, std::span<const BufferView> p) {
-  gpu::embedding_forward(stream, p[0].dtype, p[0].data, p[1].data, tokens_dev(), acts_.residual[0],
+  gpu::embedding_forward(stream, p[0].dtype, p[0].data, p[1].data, tokens_dev(), residual_stream(0),
                          static_cast<int>(rows()), len(), config_.hidden);
 }
 
@@ -246,8 +248,8 @@ void CudaGpt::forward_block(cudaStream_t stream, std::size_t unit, std::span<con
   const int f = config_.mlp_hidden();
   const DType pt = p[0].dtype;
   const BlockActs a = block_view(unit);
-  const float* in = acts_.residual[train() ? unit - 1 : (unit - 1) % 2];
-  float* out = acts_.residual[train() ? unit : unit % 2];
+  const float* in = residual_stream(unit - 1);
+  float* out = residual_stream(unit);
   gpu::layernorm_forward(stream, pt, in, p[kLn1Weight].data, p[kLn1Bias].data, a.ln1, a.ln1_stat, r, d);
   gpu::bias_rows(stream, pt, a.qkv, p[kQkvBias].data, nullptr, r, 3 * d);
   linear_forward(stream, a.ln1, p[kQkvWeight], a.qkv, d, 3 * d, 1.0f);
@@ -266,7 +268,7 @@ void CudaGpt::forward_block(cudaStream_t stream, std::size_t unit, std::span<con
 void CudaGpt::forward_head(cudaStream_t stream, std::span<const BufferView> p) {
   const int r = static_cast<int>(rows());
   const std::size_t layers = sz(config_.layers);
-  const float* in = acts_.residual[train() ? layers : layers % 2];
+  const float* in = residual_stream(layers);
   gpu::layernorm_forward(stream, p[kLnfWeight].dtype, in, p[kLnfWeight].data, p[kLnfBias].data, acts_.lnf,
                          acts_.lnf_stat, r, config_.hidden);
   linear_forward(stream, acts_.lnf, p[kLmHeadWeight], acts_.logits, config_.hidden, config_.vocab_size, 0.0f);
@@ -288,7 +290,7 @@ void CudaGpt::backward_head(cudaStream_t stream, std::span<const BufferView> p, 
   linear_backward(stream, acts_.lnf, w, Operand{dlogits, w.dtype}, nullptr, acts_.dnarrow, g[kLmHeadWeight], nullptr, d,
                   vocab);
   ZERO3_CUDA_CHECK(cudaMemsetAsync(acts_.dresidual, 0, rows() * sz(d) * sizeof(float), stream));
-  gpu::layernorm_backward(stream, p[kLnfWeight].dtype, g[kLnfWeight].dtype, acts_.residual[sz(config_.layers)],
+  gpu::layernorm_backward(stream, p[kLnfWeight].dtype, g[kLnfWeight].dtype, residual_stream(sz(config_.layers)),
                           p[kLnfWeight].data, acts_.lnf_stat, acts_.dnarrow, acts_.dresidual, g[kLnfWeight].data,
                           g[kLnfBias].data, r, d);
 }
@@ -301,7 +303,7 @@ void CudaGpt::backward_block(cudaStream_t stream, std::size_t unit, std::span<co
   const DType pt = p[0].dtype;
   const DType gt = g[0].dtype;
   const BlockActs a = block_view(unit);
-  const float* in = acts_.residual[unit - 1];
+  const float* in = residual_stream(unit - 1);
   if (recompute() == Recompute::full) {
     forward_block(stream, unit, p, /*with_output=*/false);
   } else if (recompute() == Recompute::selective) {

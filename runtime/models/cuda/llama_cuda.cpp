@@ -60,7 +60,7 @@ struct LayerActs {
 };
 
 struct Activations {
-  // Train: residual[u] is the output of unit u (the input of unit u + 1); eval: residual[u % 2].
+  // The residual stream: unit u's output in residual[residual_slot(u)] (CudaDecoder::residual_slot).
   std::vector<float*> residual;
   std::vector<LayerActs> layers;  // train: one per layer (Recompute::full: one, reused); eval: one, reused
   LayerActs recomputed;           // Recompute::selective: norm1, norm2, swiglu of the layer in hand
@@ -88,6 +88,7 @@ struct PassShape {
   int len = 0;
   bool train = true;
   Recompute recompute = Recompute::none;
+  bool offload = false;  // cpu_checkpointing
   // Layer sets carved: one per layer for a train pass that keeps them, else one reused by every layer.
   std::size_t layer_sets(int layers) const {
     return train && recompute != Recompute::full ? static_cast<std::size_t>(layers) : 1;
@@ -122,7 +123,11 @@ class CudaLlama final : public gpu::CudaDecoder {
 
  private:
   std::size_t carve_pass(Activations& a, float* base, const PassShape& pass) const;
-  std::size_t carve(float* base) override { return carve_pass(acts_, base, {batch(), len(), train(), recompute()}); }
+  std::size_t carve(float* base) override {
+    return carve_pass(acts_, base, {batch(), len(), train(), recompute(), offload_kept_inputs()});
+  }
+  float* residual_stream(std::size_t u) override { return acts_.residual[residual_slot(u)]; }
+  int hidden_size() const override { return config_.hidden; }
   // Layer `unit`'s buffers in this pass: its own set or the shared one, with the shared norms when selective.
   LayerActs layer_view(std::size_t unit) const;
   ScratchSizes scratch_sizes_for(std::size_t rows) const;
@@ -203,9 +208,8 @@ std::size_t CudaLlama::carve_pass(Activations& a, float* base, const PassShape& 
   const std::size_t d = sz(config_.hidden);
   const std::size_t f = sz(config_.intermediate);
   const std::size_t n = sz(pass.len);
-  const std::size_t layers = sz(config_.layers);
   const std::size_t qw = q_width();
-  a.residual.assign(pass.train ? layers + 1 : 2, nullptr);
+  a.residual.assign(residual_buffers(pass.train, pass.offload, config_.layers), nullptr);
   for (float*& p : a.residual) p = c.take(r * d);
   a.layers.assign(pass.layer_sets(config_.layers), LayerActs{});
   const auto norms = [&](LayerActs& l) {
@@ -269,7 +273,8 @@ std::size_t CudaLlama::planned_activation_bytes(const ActivationShape& shape) co
   Activations sizing;
   const std::size_t train_rows = sz(shape.micro_batch) * sz(shape.len);
   const std::size_t eval_rows = shape.eval_batch > 0 ? sz(shape.eval_batch) * sz(shape.len) : 0;
-  std::size_t arena = carve_pass(sizing, nullptr, {shape.micro_batch, shape.len, true, shape.recompute});
+  std::size_t arena =
+      carve_pass(sizing, nullptr, {shape.micro_batch, shape.len, true, shape.recompute, shape.offload_kept_inputs});
   if (eval_rows > 0) arena = std::max(arena, carve_pass(sizing, nullptr, {shape.eval_batch, shape.len, false}));
   const std::size_t most_rows = std::max(train_rows, eval_rows);
   const std::size_t words = 3 * most_rows + 2 * std::min(most_rows, sz(config_.vocab_size)) + 1;
@@ -317,7 +322,7 @@ LayerActs CudaLlama::layer_view(std::size_t unit) const {
 void CudaLlama::forward(std::size_t unit, std::span<const BufferView> params, cudaStream_t stream) {
   if (unit == 0) {
     upload_rope(stream);
-    gpu::embedding_forward(stream, params[0].dtype, params[0].data, nullptr, tokens_dev(), acts_.residual[0],
+    gpu::embedding_forward(stream, params[0].dtype, params[0].data, nullptr, tokens_dev(), residual_stream(0),
                            static_cast<int>(rows()), len(), config_.hidden);
   } else if (unit + 1 == num_units()) {
     forward_head(stream, params);
@@ -338,7 +343,7 @@ void CudaLlama::backward(std::size_t unit, std::span<const BufferView> params, s
     const LayerActs a = layer_view(unit);
     recompute_layer(stream, unit, a, params);
     backward_mlp(stream, a, params, grads);
-    backward_attention(stream, a, acts_.residual[unit - 1], params, grads);
+    backward_attention(stream, a, residual_stream(unit - 1), params, grads);
   }
 }
 
@@ -360,8 +365,8 @@ void CudaLlama::forward_layer(cudaStream_t stream, std::size_t unit, std::span<c
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const DType pt = p[0].dtype;
   const LayerActs a = layer_view(unit);
-  const float* in = acts_.residual[train() ? unit - 1 : (unit - 1) % 2];
-  float* out = acts_.residual[train() ? unit : unit % 2];
+  const float* in = residual_stream(unit - 1);
+  float* out = residual_stream(unit);
   const std::size_t stream_bytes = rows() * sz(d) * sizeof(float);
   // Attention: res1 = in + o_proj(attention(rope(q), rope(k), v)), q, k, v projections of norm1(in).
   gpu::rmsnorm_forward(stream, pt, in, p[kNorm1].data, a.norm1, a.inv1, r, d, eps);
@@ -389,7 +394,7 @@ void CudaLlama::forward_layer(cudaStream_t stream, std::size_t unit, std::span<c
 void CudaLlama::forward_head(cudaStream_t stream, std::span<const BufferView> p) {
   const int r = static_cast<int>(rows());
   const std::size_t layers = sz(config_.layers);
-  const float* in = acts_.residual[train() ? layers : layers % 2];
+  const float* in = residual_stream(layers);
   gpu::rmsnorm_forward(stream, p[kFinalNorm].dtype, in, p[kFinalNorm].data, acts_.normf, acts_.invf, r, config_.hidden,
                        static_cast<float>(config_.rms_norm_eps));
   linear_forward(stream, acts_.normf, p[kOutput], acts_.logits, config_.hidden, config_.vocab_size, 0.0f);
@@ -412,7 +417,7 @@ void CudaLlama::backward_head(cudaStream_t stream, std::span<const BufferView> p
   linear_backward(stream, acts_.normf, w, Operand{dlogits, w.dtype}, nullptr, acts_.dnarrow, g[kOutput], nullptr, d,
                   vocab);
   ZERO3_CUDA_CHECK(cudaMemsetAsync(acts_.dresidual, 0, rows() * sz(d) * sizeof(float), stream));
-  gpu::rmsnorm_backward(stream, p[kFinalNorm].dtype, g[kFinalNorm].dtype, acts_.residual[sz(config_.layers)],
+  gpu::rmsnorm_backward(stream, p[kFinalNorm].dtype, g[kFinalNorm].dtype, residual_stream(sz(config_.layers)),
                         p[kFinalNorm].data, acts_.invf, acts_.dnarrow, acts_.dresidual, g[kFinalNorm].data, r, d);
 }
 
@@ -430,7 +435,7 @@ void CudaLlama::recompute_layer(cudaStream_t stream, std::size_t unit, const Lay
   const int d = config_.hidden;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const DType pt = p[0].dtype;
-  gpu::rmsnorm_forward(stream, pt, acts_.residual[unit - 1], p[kNorm1].data, a.norm1, a.inv1, r, d, eps);
+  gpu::rmsnorm_forward(stream, pt, residual_stream(unit - 1), p[kNorm1].data, a.norm1, a.inv1, r, d, eps);
   gpu::rmsnorm_forward(stream, pt, a.res1, p[kNorm2].data, a.norm2, a.inv2, r, d, eps);
   gpu::swiglu_forward(stream, a.gate, a.up, a.swiglu, rows() * sz(config_.intermediate));
 }
