@@ -118,6 +118,8 @@ class Planner {
         staging_kind_(caps_.host_staging) {
     plan_.world_size = world_;
     plan_.ranks_per_node = std::max(options.ranks_per_node, 1);
+    plan_.resident_base = options.resident_base_bytes;
+    plan_.device_memory_on_host = options.device == DeviceKind::host;
     for (std::size_t u = 0; u < units.size(); ++u) visits_.push_back(visit_units(units, u));
   }
 

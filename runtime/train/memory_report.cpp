@@ -7,17 +7,21 @@
 #include <vector>
 
 #include "zero3/comm/typed_collectives.hpp"
+#include "zero3/core/resident.hpp"
 
 namespace zero3::train {
 
 namespace {
 
-constexpr std::size_t kPerRank = kNumMemoryKinds * (kNumMemCategories + 1);  // categories and the total
+// Categories and the total of each kind, then the resident peak and base.
+constexpr std::size_t kPerRank = kNumMemoryKinds * (kNumMemCategories + 1) + 2;
 
 }  // namespace
 
-RankPeaks rank_peaks(const MemoryTracker& m) {
+RankPeaks rank_peaks(const MemoryTracker& m, std::uint64_t resident_base) {
   RankPeaks r;
+  r.resident_peak = resident_peak_bytes().value_or(0);
+  r.resident_base = resident_base;
   for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
     const auto kind = static_cast<MemoryKind>(k);
     for (std::size_t c = 0; c < kNumMemCategories; ++c) {
@@ -28,13 +32,16 @@ RankPeaks rank_peaks(const MemoryTracker& m) {
   return r;
 }
 
-std::vector<RankPeaks> gather_peaks(comm::Bootstrap& bootstrap, const MemoryTracker& memory) {
-  const RankPeaks mine = rank_peaks(memory);
+std::vector<RankPeaks> gather_peaks(comm::Bootstrap& bootstrap, const MemoryTracker& memory,
+                                    std::uint64_t resident_base) {
+  const RankPeaks mine = rank_peaks(memory, resident_base);
   std::vector<std::uint64_t> flat;
   for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
     for (std::size_t c = 0; c < kNumMemCategories; ++c) flat.push_back(mine.peak.bytes[k][c]);
     flat.push_back(mine.total_peak[k]);
   }
+  flat.push_back(mine.resident_peak);
+  flat.push_back(mine.resident_base);
   const std::vector<std::uint64_t> all = comm::all_gather_vectors(bootstrap, flat);
   std::vector<RankPeaks> ranks(all.size() / kPerRank);
   for (std::size_t r = 0; r < ranks.size(); ++r) {
@@ -44,6 +51,8 @@ std::vector<RankPeaks> gather_peaks(comm::Bootstrap& bootstrap, const MemoryTrac
         ranks[r].peak.bytes[k][c] = v[k * (kNumMemCategories + 1) + c];
       ranks[r].total_peak[k] = v[k * (kNumMemCategories + 1) + kNumMemCategories];
     }
+    ranks[r].resident_peak = v[kPerRank - 2];
+    ranks[r].resident_base = v[kPerRank - 1];
   }
   return ranks;
 }
@@ -112,7 +121,10 @@ nlohmann::json peaks_json(const std::vector<RankPeaks>& ranks) {
     for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
       totals[std::string(memory_kind_name(static_cast<MemoryKind>(k)))] = ranks[r].total_peak[k];
     }
-    list.push_back({{"rank", r}, {"peak_bytes", memory_table_json(ranks[r].peak)}, {"total_peak_bytes", totals}});
+    list.push_back({{"rank", r},
+                    {"peak_bytes", memory_table_json(ranks[r].peak)},
+                    {"total_peak_bytes", totals},
+                    {"resident_bytes", {{"base", ranks[r].resident_base}, {"peak", ranks[r].resident_peak}}}});
   }
   return {{"ranks", list}};
 }
@@ -141,6 +153,7 @@ nlohmann::json plan_json(const MemoryPlan& plan) {
                               {"cpu_bytes_per_node", ds.cpu_bytes_per_node}};
   return {{"world_size", plan.world_size},
           {"ranks_per_node", plan.ranks_per_node},
+          {"resident_bytes", {{"base", plan.resident_base}, {"peak", plan.resident_peak()}}},
           {"ranks", ranks},
           {"how", how},
           {"deepspeed_estimate", deepspeed}};

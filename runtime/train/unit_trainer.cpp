@@ -10,6 +10,7 @@
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 #include "zero3/core/log.hpp"
+#include "zero3/core/resident.hpp"
 #include "zero3/core/trace.hpp"
 #include "zero3/train/accumulation.hpp"
 #include "zero3/train/init_from.hpp"
@@ -68,6 +69,7 @@ UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
       sync_unit_boundaries_(config.activation_checkpointing.synchronize_checkpoint_boundary),
       configured_batch_(config.batch),
       bootstrap_(bootstrap ? std::move(bootstrap) : comm::make_mpi_bootstrap(world)) {
+  resident_base_bytes_ = resident_bytes().value_or(0);  // MPI is up, nothing of the job allocated yet
   EngineResources resources;
   resources.bootstrap = bootstrap_;
   const bool host = config.zero3.device == config::DeviceChoice::host ||
@@ -98,7 +100,8 @@ MemoryPlan UnitTrainer::plan_for(const config::Config& config, const comm::World
                       .device = engine_->device().kind(),
                       .activations = plan_activations(*model_, config, micro_batch, check.eval_batch, check.len,
                                                       model_->activation_memory()),
-                      .checkpoint_staging_bytes = check.checkpoint_staging_bytes});
+                      .checkpoint_staging_bytes = check.checkpoint_staging_bytes,
+                      .resident_base_bytes = resident_base_bytes_});
 }
 
 void UnitTrainer::start_at(const config::Config& config, std::int64_t micro, int rank) {

@@ -67,6 +67,15 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
   set_tests_properties(mpi.hf_llama PROPERTIES LABELS "mpi" TIMEOUT 600 PROCESSORS 2)
 endif()
 
+# The memory plan against the operating system (tests/mpi/plan_resident_test.py): each rank's peak resident memory
+# (VmHWM) within 10% of `zero3 mem plan`'s prediction, for jobs of 0.4 to 1.3 GiB per rank at world sizes 1 and 2.
+if(TARGET zero3 AND NOT ZERO3_SANITIZE)
+  add_test(NAME mpi.plan_resident
+           COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/plan_resident_test.py $<TARGET_FILE:zero3>
+                   ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
+  set_tests_properties(mpi.plan_resident PROPERTIES LABELS "mpi" TIMEOUT 600 PROCESSORS 2)
+endif()
+
 # Activation checkpointing through `zero3 train` (tests/mpi/recompute_cli_test.sh): full and selective train
 # bitwise like none (losses and the final checkpoint's bytes) for the GPT, Llama and MLP, fp32 and bf16, at world
 # sizes 1 and 2, and hold fewer activations. Not under sanitizers: dozens of short runs.

@@ -17,6 +17,7 @@
 #include "train_config.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
+#include "zero3/core/resident.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/engine/memory_plan.hpp"
 #include "zero3/models/model_factory.hpp"
@@ -49,6 +50,12 @@ void print_table(const MemoryPlan& plan, const config::Config& cfg, std::uint64_
     if (plan.peak_total(kind) == 0) continue;
     fmt::print("{} {:>10} MiB\n{}", memory_kind_name(kind), mib(plan.peak_total(kind)), plan.describe_kind(kind));
   }
+  fmt::print(
+      "resident memory of a rank's process (what ru_maxrss reports): {} MiB = {} MiB of this program's own "
+      "(code, libraries) + {}\n",
+      mib(plan.resident_peak()), mib(plan.resident_base),
+      plan.device_memory_on_host ? "every kind above (the host device's memory is host memory)"
+                                 : "the host kinds above (device memory is the GPU's)");
   const DeepSpeedEstimate& ds = plan.deepspeed;
   fmt::print("\nDeepSpeed's estimate_zero3_model_states_mem_needs_all_live for the same model (model states only):\n");
   if (!ds.covered) {
@@ -77,6 +84,9 @@ void run_plan(const PlanOptions& o) {
   MemoryPlanOptions options;
   options.ranks_per_node = ranks_per_node;
   options.device = device;
+  // A rank runs this same program: its resident size now (libraries loaded, no job allocated) stands for the
+  // rank's before its job allocates.
+  options.resident_base_bytes = resident_bytes().value_or(0);
   options.activations = train::plan_activations(
       *model, cfg, cfg.batch.train_micro_batch_size_per_gpu, heldout_batch_per_rank(cfg, o.train, o.world_size),
       static_cast<int>(ms.seq_len), device == DeviceKind::cuda ? MemoryKind::device : model->activation_memory());

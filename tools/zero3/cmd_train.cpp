@@ -202,8 +202,8 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
     std::fflush(stdout);
   }
   const train::TrainSummary s = trainer.run();
-  const std::vector<train::RankPeaks> peaks =
-      train::gather_peaks(*unit_trainer.bootstrap(), unit_trainer.engine().memory());
+  const std::vector<train::RankPeaks> peaks = train::gather_peaks(
+      *unit_trainer.bootstrap(), unit_trainer.engine().memory(), unit_trainer.resident_base_bytes());
   const std::string memory = train::peak_memory_table(peaks);
   if (world.rank == 0 && !o.memory_json.empty()) write_memory_json(o.memory_json, peaks);
   if (!o.profile_dir.empty()) write_profile(o.profile_dir, world, unit_trainer, peaks);

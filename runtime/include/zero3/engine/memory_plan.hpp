@@ -63,6 +63,9 @@ struct MemoryPlanOptions {
   ActivationPlan activations;
   // Bytes of host staging a checkpoint save holds at once (ckpt::Checkpointer), 0 without checkpoints.
   std::uint64_t checkpoint_staging_bytes = 0;
+  // The process's own resident memory before the job allocates (code, libraries, MPI): measured by the
+  // caller (zero3/core/resident.hpp), 0 when not known. It only enters resident_peak().
+  std::uint64_t resident_base_bytes = 0;
 };
 
 // What DeepSpeed's estimate_zero3_model_states_mem_needs_all_live prints for the same model and offload
@@ -91,6 +94,14 @@ struct MemoryPlan {
   // The sum of the category peaks of `kind`: what the kind must have room for (its categories need not
   // peak at the same moment, so the measured total peak is at most this).
   std::uint64_t peak_total(MemoryKind kind) const { return peak.total(kind); }
+  // The process's peak resident memory (VmHWM, ru_maxrss) the plan predicts: the resident base and every
+  // kind the process holds in its own memory (on the host backend, the device's memory too).
+  std::uint64_t resident_base = 0;
+  bool device_memory_on_host = true;
+  std::uint64_t resident_peak() const {
+    return resident_base + peak_total(MemoryKind::pinned_host) + peak_total(MemoryKind::pageable_host) +
+           (device_memory_on_host ? peak_total(MemoryKind::device) : 0);
+  }
   // One line per non-zero category of `kind`, largest first: "param_shard 12.3 MiB (the rank's shards of ...)".
   std::string describe_kind(MemoryKind kind) const;
 };

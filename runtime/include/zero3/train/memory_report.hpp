@@ -16,14 +16,19 @@
 namespace zero3::train {
 
 // One rank's peaks: each category's, and each kind's total (at its own peak, not the sum).
+// And the process's resident memory as the operating system counts it (zero3/core/resident.hpp): its
+// high-water mark so far, and the resident size when the job began (before it allocated; 0: not known).
 struct RankPeaks {
   MemoryTable peak;
   std::array<std::uint64_t, kNumMemoryKinds> total_peak{};
+  std::uint64_t resident_peak = 0;
+  std::uint64_t resident_base = 0;
 };
 
-RankPeaks rank_peaks(const MemoryTracker& memory);
+RankPeaks rank_peaks(const MemoryTracker& memory, std::uint64_t resident_base = 0);
 // Collective: every rank's peaks, in rank order, on every rank.
-std::vector<RankPeaks> gather_peaks(comm::Bootstrap& bootstrap, const MemoryTracker& memory);
+std::vector<RankPeaks> gather_peaks(comm::Bootstrap& bootstrap, const MemoryTracker& memory,
+                                    std::uint64_t resident_base = 0);
 
 // A table (MiB, one column per rank, rows with a non-zero peak on some rank).
 std::string peak_memory_table(const std::vector<RankPeaks>& ranks);
@@ -36,7 +41,8 @@ std::string peak_phase_lines(const MemoryTracker& memory);
 
 // {"device": {"param_shard": bytes, ... every category}, "pinned_host": {...}, "pageable_host": {...}}.
 nlohmann::json memory_table_json(const MemoryTable& table);
-// {"ranks": [{"rank": r, "peak_bytes": memory_table_json(...), "total_peak_bytes": {...}}, ...]}.
+// {"ranks": [{"rank": r, "peak_bytes": memory_table_json(...), "total_peak_bytes": {...},
+//             "resident_bytes": {"base": ..., "peak": ...}}, ...]}.
 nlohmann::json peaks_json(const std::vector<RankPeaks>& ranks);
 // A memory plan in the same shape (every rank's peak_bytes alike), with "how" (what each category is made
 // of), "world_size", "ranks_per_node" and "deepspeed_estimate".

@@ -87,6 +87,8 @@ class UnitTrainer {
   // that policy only: the device's free memory at start-up, or --device-memory-gb, plus what the engine
   // holds then).
   std::optional<std::uint64_t> device_budget_bytes() const { return device_budget_bytes_; }
+  // This process's resident memory when the trainer began, before the engine allocated (0: not known).
+  std::uint64_t resident_base_bytes() const { return resident_base_bytes_; }
   // The batch as configured (engine().config().batch is the one in force, which that policy changes).
   const config::BatchConfig& configured_batch() const { return configured_batch_; }
   // The job's bootstrap (the one given, or the MPI one made for `world`): for the loop's own collectives.
@@ -123,6 +125,7 @@ class UnitTrainer {
   std::unique_ptr<models::UnitModel> model_;
   std::unique_ptr<Engine> engine_;
   MemoryPlan plan_;
+  std::uint64_t resident_base_bytes_ = 0;
   std::optional<std::uint64_t> device_budget_bytes_;
   std::size_t reported_activations_ = 0;
   MemoryKind reported_kind_ = MemoryKind::pageable_host;
