@@ -196,8 +196,10 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
                data.describe());
     if (data.entropy_floor())
       fmt::print("entropy floor (the data's entropy rate): {:.4f} nats/token\n", *data.entropy_floor());
-    fmt::print("batch {} = micro {} x accumulation {} x {} ranks; {} steps\n", cfg.batch.train_batch_size,
-               cfg.batch.train_micro_batch_size_per_gpu, cfg.batch.gradient_accumulation_steps, world.size,
+    // The batch in force: zero3.accumulation's memory policy may have started at a smaller micro-batch.
+    const config::BatchConfig& batch = unit_trainer.engine().config().batch;
+    fmt::print("batch {} = micro {} x accumulation {} x {} ranks; {} steps\n", batch.train_batch_size,
+               batch.train_micro_batch_size_per_gpu, batch.gradient_accumulation_steps, world.size,
                cfg.zero3.run->steps);
     std::fflush(stdout);
   }
