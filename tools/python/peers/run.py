@@ -132,7 +132,7 @@ def gpt_contestants(args, configs, info):
                 rate, loss = zero3_timed_rate(metrics, warmup)
                 return {key: {"tokens_per_s": rate, "loss": loss}}
 
-        return Contestant(f"zero3 {key}", run)
+        return Contestant(f"zero3{'+cpu' if cpu_checkpointing else ''} {key}", run)
 
     def gpt_peer(key, mode, config, ranks, extra=()):
         def run():
@@ -274,14 +274,14 @@ def llama_key(context, mode):
 
 
 def llama_contestants(args, config, info):
-    """zero3, FSDP2 and DeepSpeed at each context and checkpointing mode (2 ranks each), and DeepSpeed with
-    cpu_checkpointing at the full mode. Each figure: tokens/s and the largest rank's peak RSS (MiB)."""
+    """zero3, FSDP2 and DeepSpeed at each context and checkpointing mode (2 ranks each), and zero3 and DeepSpeed
+    with cpu_checkpointing at the full mode. Each figure: tokens/s and the largest rank's peak RSS (MiB)."""
     steps, warmup, ranks = args.steps, args.warmup, 2
     peer = os.path.join(HERE, "llama_peer.py")
     cores = len(os.sched_getaffinity(0))
     contestants = []
 
-    def zero3(context, mode):
+    def zero3(context, mode, cpu_checkpointing=False):
         key = llama_key(context, mode)
 
         def run():
@@ -289,7 +289,15 @@ def llama_contestants(args, config, info):
                 metrics = os.path.join(tmp, "metrics.jsonl")
                 rss_file = os.path.join(tmp, "rss.json")
                 interval = math.gcd(warmup, steps) if warmup else steps
-                argv = args.mpirun + ["-np", str(ranks), args.zero3, "train", "--config", config,
+                job = config
+                if cpu_checkpointing:  # DeepSpeed's key, on a copy of the job
+                    with open(config) as f:
+                        c = json.load(f)
+                    c["activation_checkpointing"] = {"cpu_checkpointing": True}
+                    job = os.path.join(tmp, "job.json")
+                    with open(job, "w") as f:
+                        json.dump(c, f)
+                argv = args.mpirun + ["-np", str(ranks), args.zero3, "train", "--config", job,
                                       "--steps", str(warmup + steps), "--log-interval", str(interval),
                                       "--metrics", metrics, "--progress", "off", "--run-dir", tmp,
                                       # One held-out window per rank, the least zero3 train measures: the
@@ -357,6 +365,10 @@ def llama_contestants(args, config, info):
             for name in names:
                 contestants.append(llama_peer(name, context, mode))
                 comparisons.append((f"llama ctx {context} {mode}", f"zero3 {key}", f"{name} {key}", key, "tok/s"))
+            if mode == "full":
+                contestants.append(zero3(context, mode, cpu_checkpointing=True))
+                comparisons.append((f"llama ctx {context} full + cpu_checkpointing", f"zero3+cpu {key}",
+                                    f"deepspeed+cpu {key}", key, "tok/s"))
     return contestants, comparisons
 
 
@@ -378,25 +390,25 @@ def print_checkpointing_costs(args, results, rounds):
     print(head)
     print("-" * len(head))
     for context in args.contexts:
-        for name in ("zero3",) + LLAMA_PEERS:
-            # deepspeed+cpu is a variant of the full mode: its none is DeepSpeed's none
-            base_name = "deepspeed" if name == "deepspeed+cpu" else name
+        for name in ("zero3", "zero3+cpu") + LLAMA_PEERS:
+            # zero3+cpu and deepspeed+cpu are variants of the full mode: their none is zero3's and DeepSpeed's
+            base_name = name.split("+")[0]
             base = median_figure(results, f"{base_name} {llama_key(context, 'none')}", rounds,
                                  llama_key(context, "none"), "tokens_per_s") if "none" in args.modes else None
             row = f"{name:<14} {context:>7} {fmt_value(base):>10}"
-            own = 0  # figures of this contestant itself (deepspeed+cpu's row is left out without any)
+            own = 0  # figures of this contestant itself (a +cpu row is left out without any)
             for m in modes:
                 rate = median_figure(results, f"{name} {llama_key(context, m)}", rounds, llama_key(context, m),
                                      "tokens_per_s")
                 own += rate is not None
                 row += f" {(f'{base / rate:.2f}x' if base and rate else '-'):>12}"
             for m in args.modes:
-                who = base_name if (name == "deepspeed+cpu" and m == "none") else name
+                who = base_name if (name.endswith("+cpu") and m == "none") else name
                 rss = median_figure(results, f"{who} {llama_key(context, m)}", rounds, llama_key(context, m),
                                     "peak_rss_mib")
                 own += rss is not None and who == name
                 row += f" {fmt_value(rss):>14}"
-            if own or name != "deepspeed+cpu":
+            if own or not name.endswith("+cpu"):
                 print(row)
 
 
