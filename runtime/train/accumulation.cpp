@@ -31,9 +31,10 @@ std::int64_t starting_micro_batch(const config::AccumulationSettings& settings,
 }
 
 MemoryAccumulation::MemoryAccumulation(const config::AccumulationSettings& settings, const config::BatchConfig& batch,
-                                       std::uint64_t budget_bytes, int rank)
+                                       std::int64_t ceiling, std::uint64_t budget_bytes, int rank)
     : settings_(settings),
-      choices_(micro_batch_choices(batch.train_batch_size / batch.world_size, batch.train_micro_batch_size_per_gpu)),
+      choices_(micro_batch_choices(batch.train_batch_size / batch.world_size,
+                                   std::min(ceiling, batch.train_micro_batch_size_per_gpu))),
       budget_bytes_(budget_bytes),
       rank_(rank),
       world_size_(batch.world_size) {

@@ -70,10 +70,10 @@ Trainer::Trainer(UnitTrainer& unit_trainer, TrainData& data, TrainerOptions opti
     if (!unit_trainer_.device_budget_bytes()) {
       throw UsageError("Trainer: zero3.accumulation.policy \"memory\" needs the UnitTrainer's device budget");
     }
-    // The configured batch: the unit trainer may have started at a smaller micro-batch already.
-    accumulation_ =
-        std::make_unique<MemoryAccumulation>(config.zero3.accumulation, unit_trainer_.configured_batch(),
-                                             *unit_trainer_.device_budget_bytes(), unit_trainer_.bootstrap()->rank());
+    // The configured batch, and the micro-batch the plan started with (the unit trainer's choice) as the ceiling.
+    accumulation_ = std::make_unique<MemoryAccumulation>(
+        config.zero3.accumulation, unit_trainer_.configured_batch(), config.batch.train_micro_batch_size_per_gpu,
+        *unit_trainer_.device_budget_bytes(), unit_trainer_.bootstrap()->rank());
   }
 }
 

@@ -2,9 +2,9 @@
 // the host device simulating a device of a chosen capacity (MemoryCheck::device_memory_bytes). The capacities
 // are chosen from the job's own memory plans at micro-batches 8, 4 and 2, and a model wrapper adds chosen bytes
 // to the activations it reports, to drive the measured pressure:
-// - a device that cannot hold micro-batch 8 starts at the largest micro-batch planned within `high`, and trains
-//   to the losses of the fixed micro-batch-8 job (fp32 reduction-order tolerance), bitwise those of the fixed
-//   job with that micro-batch, on the same samples in the same order;
+// - a device that cannot hold micro-batch 8 starts at the largest micro-batch planned within `high`, never grows
+//   past it however low its use, and trains to the losses of the fixed micro-batch-8 job (fp32 reduction-order
+//   tolerance), bitwise those of the fixed job with that micro-batch, on the same samples in the same order;
 // - measured use above `high` on one rank for `rounds` steps halves the micro-batch on every rank, and use below
 //   `low` on every rank doubles it back; each change is an event, and the samples stay those of the fixed job;
 // - a resumed run continues at the micro-batch the checkpoint was saved with, bitwise the straight run;
@@ -65,8 +65,8 @@ config::Config job_config(std::int64_t micro, const std::string& accumulation) {
   return config::load_config_text_or_throw(text, o);
 }
 
-std::string memory_policy(std::int64_t rounds) {
-  return fmt::format(R"({{"policy": "memory", "high": 0.9, "low": 0.75, "rounds": {}}})", rounds);
+std::string memory_policy(std::int64_t rounds, double low = 0.75) {
+  return fmt::format(R"({{"policy": "memory", "high": 0.9, "low": {}, "rounds": {}}})", low, rounds);
 }
 
 // The activation bytes a model reports on top of its own, per train micro-batch call of this rank.
@@ -256,7 +256,9 @@ TEST_CASE("a device that cannot hold micro-batch 8 starts smaller and trains as 
   REQUIRE(budget < p8);
   const std::filesystem::path dir = shared_dir("plan");
   events::configure({.run_dir = dir, .rank = rank()});
-  const Outcome adaptive = run({.accumulation = memory_policy(1000), .device_bytes = budget});
+  // Its use at micro-batch 2 stays below `low` (0.89 here) every step, and the policy still does not grow
+  // past what the plan started with: micro-batch 4 is planned past `high`.
+  const Outcome adaptive = run({.accumulation = memory_policy(1, 0.89), .device_bytes = budget});
   events::configure({});
   const Outcome fixed8 = run({});
   const Outcome fixed2 = run({.micro = 2});

@@ -4,12 +4,13 @@
 // cuts micro-batches from it: zero3/data/sampler.hpp). The job starts at the largest micro-batch whose
 // memory plan stays within `high` of the device (starting_micro_batch); then each step's measured peak of
 // device memory decides: above `high` on any rank for `rounds` steps in a row halves the micro-batch, below
-// `low` on every rank for `rounds` steps doubles it (never past the configured one); the step right after a
-// change, which starts with the old micro-batch's buffers still held, does not count. The ranks' marks ride
-// on the step's all-reduce (Engine::mark_memory_pressure), so all ranks change together, at a boundary. Each
+// `low` on every rank for `rounds` steps doubles it, never past the one the plan started with (a micro-batch
+// planned past `high` would only come back down: the measured use of a smaller one says nothing of it); the step
+// right after a change, which starts with the old micro-batch's buffers still held, does not count. The ranks' marks
+// ride on the step's all-reduce (Engine::mark_memory_pressure), so all ranks change together, at a boundary. Each
 // change is an "accumulation_changed" event; the state travels in a checkpoint's trainer state.
 //
-//   MemoryAccumulation policy(config.zero3.accumulation, config.batch, budget_bytes, rank);
+//   MemoryAccumulation policy(config.zero3.accumulation, config.batch, start_micro, budget_bytes, rank);
 //   policy.begin_step(engine);              // before a step's first micro-batch
 //   ... micro-batches of engine.config().batch.train_micro_batch_size_per_gpu samples ...
 //   policy.before_boundary(engine);         // before the window's last step()
@@ -42,9 +43,9 @@ std::int64_t starting_micro_batch(const config::AccumulationSettings& settings,
 class MemoryAccumulation {
  public:
   // `budget_bytes`: the device memory of this rank (what the plan is checked against); `batch`: the
-  // configured batch (the micro-batch is never raised past its micro-batch).
+  // configured batch; `ceiling`: the largest micro-batch to grow to (the one the job started with).
   MemoryAccumulation(const config::AccumulationSettings& settings, const config::BatchConfig& batch,
-                     std::uint64_t budget_bytes, int rank);
+                     std::int64_t ceiling, std::uint64_t budget_bytes, int rank);
 
   // Starts the step's measurement (what ran between steps, a held-out pass, is not the step's).
   void begin_step(Engine& engine);
