@@ -84,5 +84,18 @@ out=$("$zero3" mem fit --config "$smol" --world-size 2 --model.seq_len 8192 --he
 grep -q "it does not fit" <<<"$out" && grep -q "activation_checkpointing full" <<<"$out" ||
   fail "mem fit at context 8192 proposes no activation checkpointing: $out"
 
+# With a micro-batch of 4 at context 2048 fit proposes checkpointing and a smaller micro-batch together, and
+# the memory-driven micro-batch (zero3.accumulation).
+python3 - "$smol" "$tmp/smol-micro4.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["train_batch_size"], c["train_micro_batch_size_per_gpu"] = 8, 4
+json.dump(c, open(sys.argv[2], "w"))
+PY
+out=$("$zero3" mem fit --config "$tmp/smol-micro4.json" --world-size 2 --heldout-samples 2 --device-memory-gb 6 2>&1)
+grep -q "activation_checkpointing full + micro-batch 2 (accumulation 2)" <<<"$out" &&
+  grep -q '"accumulation": {"policy": "memory"}' <<<"$out" ||
+  fail "mem fit with micro-batch 4 proposes no checkpointing with a smaller micro-batch: $out"
+
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "mem plan and mem fit: all checks passed"

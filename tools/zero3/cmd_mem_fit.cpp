@@ -14,6 +14,7 @@
 
 #include "commands.hpp"
 #include "train_config.hpp"
+#include "zero3/config/schema.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/engine/memory_plan.hpp"
@@ -189,6 +190,27 @@ class Fitter {
                        "(if not hidden behind compute){}",
                        o_.tflops, o_.pcie_gbps, b.ms > 0.0 ? ", and the offload's copies and CPU step" : "")});
     }
+    // Checkpointing with a smaller micro-batch: each extra micro-batch gathers the model twice more.
+    const double dt = static_cast<double>(size_of(base_.model_dtype()));
+    for (const Recompute mode : {Recompute::selective, Recompute::full}) {
+      if (mode == m.activation_checkpointing) continue;  // the micro-batch candidates alone are these
+      for (std::int64_t micro = base_.batch.train_micro_batch_size_per_gpu / 2; micro >= 1; micro /= 2) {
+        if (base_.batch.train_batch_size % (micro * o_.world_size) != 0) continue;
+        config::Config c = base_;
+        c.zero3.model->activation_checkpointing = mode;
+        c.batch.train_micro_batch_size_per_gpu = micro;
+        c.batch.gradient_accumulation_steps = base_.batch.train_batch_size / (micro * o_.world_size);
+        const double extra =
+            static_cast<double>(c.batch.gradient_accumulation_steps - base_.batch.gradient_accumulation_steps);
+        const double gathers_ms = extra * 2.0 * static_cast<double>(params_) * dt / (o_.net_gbps * 1e9) * 1e3;
+        const bool full = mode == Recompute::full;
+        out.push_back({fmt::format("activation_checkpointing {} + micro-batch {} (accumulation {})", to_string(mode),
+                                   micro, c.batch.gradient_accumulation_steps),
+                       std::move(c), 0, (full ? full_ms : selective_ms) + gathers_ms,
+                       fmt::format("{}, and {} more micro-batches x 2 all-gathers of the model",
+                                   full ? "a second forward's products" : "norms and activations again", extra)});
+      }
+    }
     for (const Recompute mode : {Recompute::selective, Recompute::full}) {
       if (mode == m.activation_checkpointing) continue;
       for (const auto& b : bases) {
@@ -245,9 +267,18 @@ void run_fit(const FitOptions& o) {
       "settings that fit, least estimated slowdown first (pcie {} GB/s, network {} GB/s, CPU optimizer {} "
       "Gparam/s per rank):\n",
       o.pcie_gbps, o.net_gbps, o.cpu_gparams);
+  bool smaller_micro = false;
   for (const Candidate& c : fits) {
     fmt::print("  {:<77} {:>8.3f} GiB  +{:.1f} ms/step  ({})\n", c.change, static_cast<double>(c.device_bytes) / kGiB,
                c.extra_ms, c.why);
+    smaller_micro |= c.config.batch.train_micro_batch_size_per_gpu < fitter.base().batch.train_micro_batch_size_per_gpu;
+  }
+  if (smaller_micro) {
+    fmt::print(
+        "or leave the micro-batch to the job: \"zero3\": {{\"accumulation\": {{\"policy\": \"memory\"}}}} starts at "
+        "the "
+        "largest one planned within {:.0f}% of the device and follows the measured use (docs/train.md)\n",
+        100.0 * config::row_number(config::blocks::zero3_accumulation, "high"));
   }
 }
 
