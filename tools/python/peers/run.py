@@ -132,7 +132,7 @@ def gpt_contestants(args, configs, info):
                 rate, loss = zero3_timed_rate(metrics, warmup)
                 return {key: {"tokens_per_s": rate, "loss": loss}}
 
-        return Contestant(f"zero3{'+cpu' if cpu_checkpointing else ''} {key}", run)
+        return Contestant(f"zero3 {key}", run)
 
     def gpt_peer(key, mode, config, ranks, extra=()):
         def run():
@@ -321,7 +321,7 @@ def llama_contestants(args, config, info):
                 return {key: {"tokens_per_s": rate, "peak_rss_mib": rss["children_maxrss_kib"] / 1024.0,
                               "loss": loss}}
 
-        return Contestant(f"zero3 {key}", run)
+        return Contestant(f"zero3{'+cpu' if cpu_checkpointing else ''} {key}", run)
 
     def llama_peer(name, context, mode):
         key = llama_key(context, mode)
@@ -513,6 +513,8 @@ def main():
     ap.add_argument("--mpirun", default="mpirun --oversubscribe --allow-run-as-root --bind-to none",
                     help="how zero3's ranks are launched (the -np N is added)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds one contestant's run may take")
+    ap.add_argument("--contestants", default=None,
+                    help="run only these, by name (comma-separated: zero3,zero3+cpu,fsdp2,deepspeed,deepspeed+cpu)")
     ap.add_argument("--seed", type=int, default=1, help="seeds each round's order of the contestants")
     ap.add_argument("--settle", type=float, default=20.0,
                     help="idle seconds after each optimizer run: the next run is slower while its GBs are reclaimed")
@@ -614,6 +616,10 @@ def main():
             print(f"llama: {describe_llama(llama_model)} ({args.llama_config}); contexts "
                   f"{','.join(map(str, args.contexts))}; checkpointing {','.join(args.modes)}; "
                   f"{args.warmup} + {args.steps} steps per run, 2 ranks")
+        if args.contestants:  # by name before the key: "zero3", "zero3+cpu", "fsdp2", "deepspeed", ...
+            wanted = set(args.contestants.split(","))
+            contestants = [c for c in contestants if c.name.split(" ")[0] in wanted]
+            comparisons = [k for k in comparisons if k[1].split(" ")[0] in wanted and k[2].split(" ")[0] in wanted]
         print(f"{len(contestants)} contestants x {args.rounds} rounds, order shuffled per round (seed {args.seed}), "
               f"{args.settle:g} s idle after each optimizer run", flush=True)
         results = {}
