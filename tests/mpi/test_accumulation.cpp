@@ -197,19 +197,9 @@ std::uint64_t planned(std::int64_t micro) {
   return t.memory_plan().peak_total(MemoryKind::device);
 }
 
-// A directory every rank agrees on (rank 0's pid), empty.
+// A directory every rank agrees on, empty.
 std::filesystem::path shared_dir(const std::string& name) {
-  std::int64_t pid = ::getpid();
-  std::vector<std::byte> bytes(sizeof pid);
-  std::memcpy(bytes.data(), &pid, sizeof pid);
-  env().bootstrap->broadcast(bytes, 0);
-  std::memcpy(&pid, bytes.data(), sizeof pid);
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / fmt::format("zero3-accum-{}-{}", name, pid);
-  env().bootstrap->barrier();
-  if (rank() == 0) std::filesystem::remove_all(dir);
-  env().bootstrap->barrier();
-  return dir;
+  return test::shared_empty_dir(*env().bootstrap, "zero3-accum", name);
 }
 
 // The "accumulation_changed" events of a run directory: [micro_batch_from, micro_batch_to, step].

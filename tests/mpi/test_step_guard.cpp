@@ -166,19 +166,9 @@ Run train_run(std::int64_t steps, const std::string& zero3_extra, const LossEdit
   return run;
 }
 
-// A directory every rank agrees on (rank 0's pid), empty.
+// A directory every rank agrees on, empty.
 std::filesystem::path shared_dir(const std::string& name) {
-  std::int64_t pid = ::getpid();
-  std::vector<std::byte> bytes(sizeof pid);
-  std::memcpy(bytes.data(), &pid, sizeof pid);
-  env().bootstrap->broadcast(bytes, 0);
-  std::memcpy(&pid, bytes.data(), sizeof pid);
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / fmt::format("zero3-guard-{}-{}", name, pid);
-  env().bootstrap->barrier();
-  if (rank() == 0) std::filesystem::remove_all(dir);
-  env().bootstrap->barrier();
-  return dir;
+  return test::shared_empty_dir(*env().bootstrap, "zero3-guard", name);
 }
 
 std::string read_events(const std::filesystem::path& dir) {

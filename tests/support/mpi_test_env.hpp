@@ -5,9 +5,13 @@
 // waiting in a collective.
 #pragma once
 
+#include <unistd.h>  // getpid
+
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "zero3/comm/communicator.hpp"
@@ -39,6 +43,22 @@ inline std::uint32_t count_failed_ranks(comm::Bootstrap& bootstrap, bool failed_
     failed += v;
   }
   return failed;
+}
+
+// A directory every rank agrees on (temp/<prefix>-<name>-<rank 0's pid>), empty (collective).
+inline std::filesystem::path shared_empty_dir(comm::Bootstrap& bootstrap, const std::string& prefix,
+                                              const std::string& name) {
+  std::int64_t pid = ::getpid();
+  std::vector<std::byte> bytes(sizeof pid);
+  std::memcpy(bytes.data(), &pid, sizeof pid);
+  bootstrap.broadcast(bytes, 0);
+  std::memcpy(&pid, bytes.data(), sizeof pid);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / (prefix + "-" + name + "-" + std::to_string(pid));
+  bootstrap.barrier();
+  if (bootstrap.rank() == 0) std::filesystem::remove_all(dir);
+  bootstrap.barrier();
+  return dir;
 }
 
 }  // namespace zero3::test
