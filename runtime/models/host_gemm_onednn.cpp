@@ -92,6 +92,23 @@ const Prim& primitive(const Key& key) {
   return *slot;
 }
 
+// A primitive with its memory objects on one thread: a product rebinds their data handles instead of creating
+// four memory objects (each an allocation) per call, and finds its primitive without the shared cache's lock.
+struct Bound {
+  const Prim* prim;
+  dnnl::memory a, b, c, scratch;
+};
+
+Bound& bound(const Key& key) {
+  thread_local std::map<Key, Bound> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const Prim& p = primitive(key);
+  Bound b{&p, dnnl::memory(p.pd.src_desc(), engine(), nullptr), dnnl::memory(p.pd.weights_desc(), engine(), nullptr),
+          dnnl::memory(p.pd.dst_desc(), engine(), nullptr), dnnl::memory(p.pd.scratchpad_desc(), engine(), nullptr)};
+  return cache.emplace(key, std::move(b)).first->second;
+}
+
 }  // namespace
 
 bool built() {
@@ -109,18 +126,20 @@ void matmul(bool bf16, int threads, bool trans_a, bool trans_b, std::size_t m, s
             float alpha, const void* a, std::size_t lda, const void* b, std::size_t ldb, float beta, float* c,
             std::size_t ldc) {
   if (m == 0 || n == 0) return;
-  const Prim& p = primitive({bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads});
+  Bound& x = bound({bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads});
   thread_local dnnl::stream stream(engine());
+  // The scratchpad of every primitive on this thread: grown when a primitive needs more, and rebound each call.
   thread_local std::vector<unsigned char> scratch;
-  const dnnl::memory::desc scratch_md = p.pd.scratchpad_desc();
-  if (scratch.size() < scratch_md.get_size()) scratch.resize(scratch_md.get_size());
+  const std::size_t scratch_bytes = x.prim->pd.scratchpad_desc().get_size();
+  if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
   // oneDNN reads the calling thread's OpenMP setting: 1 runs the product without a parallel region.
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
-  dnnl::memory ma(p.pd.src_desc(), engine(), const_cast<void*>(a));
-  dnnl::memory mb(p.pd.weights_desc(), engine(), const_cast<void*>(b));
-  dnnl::memory mc(p.pd.dst_desc(), engine(), c);
-  dnnl::memory ms(scratch_md, engine(), scratch.data());
-  p.matmul.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
+  x.a.set_data_handle(const_cast<void*>(a));
+  x.b.set_data_handle(const_cast<void*>(b));
+  x.c.set_data_handle(c);
+  x.scratch.set_data_handle(scratch.data());
+  x.prim->matmul.execute(
+      stream, {{DNNL_ARG_SRC, x.a}, {DNNL_ARG_WEIGHTS, x.b}, {DNNL_ARG_DST, x.c}, {DNNL_ARG_SCRATCHPAD, x.scratch}});
   stream.wait();
 }
 
