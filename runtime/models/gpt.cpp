@@ -190,6 +190,11 @@ void GptModel<T>::take_params16(const char* what, std::size_t unit, std::span<co
 }
 
 template <typename T>
+bool GptModel<T>::attention_in_bf16() const {
+  return w16_.size() > kQkvWeight && w16_[kQkvWeight] != nullptr;
+}
+
+template <typename T>
 void GptModel<T>::linear_fwd(std::span<const T* const> p, std::size_t k, const T* bias, const T* x, T* y, Index rows,
                              Index in, Index out) {
   detail::unit_linear_forward(w16_, round_x_, p, k, bias, x, y, rows, in, out);
@@ -263,7 +268,7 @@ void GptModel<T>::forward_block(BlockActs& a, BlockActs& r, std::span<const T* c
   detail::resize_exact(a.lse, idx(batch_) * heads * len);
   detail::resize_exact(a.att, rows * d);
   ops::flash_attention_forward(a.qkv.data(), a.lse.data(), a.att.data(), idx(batch_), len, heads,
-                               idx(config_.head_dim()));
+                               idx(config_.head_dim()), attention_in_bf16());
   detail::resize_exact(a.res1, rows * d);
   linear_fwd(p, kAttnProjWeight, p[kAttnProjBias], a.att.data(), a.res1.data(), rows, d, d);
   ops::add_inplace(a.res1.data(), in, rows * d);
@@ -378,7 +383,7 @@ void GptModel<T>::backward_block(std::size_t unit, std::span<const T* const> p, 
   linear_bwd(p, kAttnProjWeight, a.att.data(), dres, dnarrow_.data(), g[kAttnProjWeight], g[kAttnProjBias], rows, d, d);
   detail::resize_exact(dqkv_, rows * 3 * d);
   ops::flash_attention_backward(a.qkv.data(), a.att.data(), a.lse.data(), dnarrow_.data(), dqkv_.data(), idx(batch_),
-                                len, idx(config_.heads), idx(config_.head_dim()));
+                                len, idx(config_.heads), idx(config_.head_dim()), attention_in_bf16());
   linear_bwd(p, kQkvWeight, r.ln1.data(), dqkv_.data(), dnarrow_.data(), g[kQkvWeight], g[kQkvBias], rows, d, 3 * d);
   ops::layernorm_backward(in, p[kLn1Weight], a.ln1_stat.data(), dnarrow_.data(), dres, g[kLn1Weight], g[kLn1Bias], rows,
                           d);

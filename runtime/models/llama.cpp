@@ -206,6 +206,11 @@ void LlamaModel<T>::take_params16(const char* what, std::size_t unit, std::span<
 }
 
 template <typename T>
+bool LlamaModel<T>::attention_in_bf16() const {
+  return w16_.size() > kQProj && w16_[kQProj] != nullptr;
+}
+
+template <typename T>
 void LlamaModel<T>::linear_fwd(std::span<const T* const> p, std::size_t k, const T* bias, const T* x, T* y, Index rows,
                                Index in, Index out) {
   detail::unit_linear_forward(w16_, round_x_, p, k, bias, x, y, rows, in, out);
@@ -285,7 +290,8 @@ void LlamaModel<T>::forward_layer(LayerActs& a, LayerActs& r, std::span<const T*
                 dim);
   detail::resize_exact(a.lse, idx(batch_) * heads * len);
   detail::resize_exact(a.att, rows * q_width);
-  ops::flash_attention_forward(a.qkv.data(), a.lse.data(), a.att.data(), idx(batch_), len, heads, dim);
+  ops::flash_attention_forward(a.qkv.data(), a.lse.data(), a.att.data(), idx(batch_), len, heads, dim,
+                               attention_in_bf16());
   detail::resize_exact(a.res1, rows * d);
   linear_fwd(p, kOProj, param_or_null(p, o_bias_), a.att.data(), a.res1.data(), rows, q_width, d);
   ops::add_inplace(a.res1.data(), in, rows * d);
@@ -407,7 +413,7 @@ void LlamaModel<T>::backward_layer(std::size_t unit, std::span<const T* const> p
              d);
   detail::resize_exact(dqkv_, rows * 3 * q_width);
   ops::flash_attention_backward(a.qkv.data(), a.att.data(), a.lse.data(), dnarrow_.data(), dqkv_.data(), idx(batch_),
-                                len, heads, dim);
+                                len, heads, dim, attention_in_bf16());
   detail::resize_exact(q_, rows * q_width);
   detail::resize_exact(k_, rows * kv_width);
   detail::resize_exact(v_, rows * kv_width);

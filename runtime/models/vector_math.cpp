@@ -18,6 +18,13 @@
 namespace zero3::models::vmath {
 namespace {
 
+// The sum of 16 lanes, pairwise in a fixed order.
+double pairwise16(const double* lane) {
+  double half[8];
+  for (int l = 0; l < 8; ++l) half[l] = lane[l] + lane[l + 8];
+  return ((half[0] + half[1]) + (half[2] + half[3])) + ((half[4] + half[5]) + (half[6] + half[7]));
+}
+
 #if defined(ZERO3_VMATH_X86)
 
 __attribute__((target("avx512f"))) __m512 exp_avx512(__m512 x) {
@@ -106,6 +113,46 @@ __attribute__((target("avx512f"))) void round_to_bf16_avx512(const float* x, bf1
   }
 }
 
+__attribute__((target("avx512f"))) float max_avx512(const float* x, std::size_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + i));
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+// Adds lanes 0-7 of e to low and 8-15 to high, in double.
+__attribute__((target("avx512f"))) void add_lanes(__m512 e, __m512d& low, __m512d& high) {
+  low = _mm512_add_pd(low, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+  high = _mm512_add_pd(high, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+}
+
+// Lanes 0-7 of the sum in `low`, 8-15 in `high`, as the scalar path's lane i % 16.
+__attribute__((target("avx512f"))) double exp_shifted_sum_avx512(const float* x, float* y, std::size_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512d low = _mm512_setzero_pd();
+  __m512d high = _mm512_setzero_pd();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
+    _mm512_storeu_ps(y + i, e);
+    add_lanes(e, low, high);
+  }
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 e = _mm512_maskz_mov_ps(k, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), s)));
+    _mm512_mask_storeu_ps(y + i, k, e);
+    add_lanes(e, low, high);
+  }
+  alignas(64) double lane[16];
+  _mm512_store_pd(lane, low);
+  _mm512_store_pd(lane + 8, high);
+  return pairwise16(lane);
+}
+
 bool has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
@@ -133,6 +180,27 @@ void exp_f32(const float* x, float* y, std::size_t n) {
   }
 #endif
   for (std::size_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+float max_f32(const float* x, std::size_t n) {
+#if defined(ZERO3_VMATH_X86)
+  if (has_avx512()) return max_avx512(x, n);
+#endif
+  float m = -INFINITY;
+  for (std::size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+double exp_shifted_sum_f32(const float* x, float* y, std::size_t n, float shift) {
+#if defined(ZERO3_VMATH_X86)
+  if (has_avx512()) return exp_shifted_sum_avx512(x, y, n, shift);
+#endif
+  double lane[16] = {};
+  for (std::size_t i = 0; i < n; ++i) {
+    y[i] = std::exp(x[i] - shift);
+    lane[i % 16] += y[i];
+  }
+  return pairwise16(lane);
 }
 
 void round_to_bf16(const float* x, bf16_t* y, std::size_t n) {

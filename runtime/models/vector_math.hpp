@@ -24,6 +24,14 @@ void tanh_f32(const float* x, float* y, std::size_t n);
 // NaN. Elsewhere std::exp.
 void exp_f32(const float* x, float* y, std::size_t n);
 
+// The largest x[i] (n >= 1); -Inf for an all -Inf span. A NaN in x may or may not propagate.
+float max_f32(const float* x, std::size_t n);
+
+// y[i] = exp(x[i] - shift) as exp_f32 (x and y may be the same array), returning their sum in double,
+// taken in 16 lanes (lane i % 16), lane l + 8 added onto lane l, then pairwise: a fixed order, whatever the path. For
+// the softmax rows of the host attention, where a separate subtract, exp and sum pass each re-read the row.
+double exp_shifted_sum_f32(const float* x, float* y, std::size_t n, float shift);
+
 // y[i] = x[i] rounded to bf16: nearest, ties to even, overflow to Inf, NaNs kept quiet NaNs with their
 // sign and top payload bits: the same bits as float_to_bf16 (zero3/core/dtype.hpp) on every path.
 void round_to_bf16(const float* x, bf16_t* y, std::size_t n);

@@ -16,6 +16,7 @@
 #include "zero3/models/gpt.hpp"
 
 using zero3::models::ops::Index;
+using zero3::models::ops::kAttentionKeyTile;
 using zero3::models::ops::kAttentionTile;
 
 namespace {
@@ -95,13 +96,14 @@ struct Tiled {
 };
 
 template <typename T>
-Tiled<T> tiled(const Shape& s, const std::vector<double>& qkv64, const std::vector<double>& datt64) {
+Tiled<T> tiled(const Shape& s, const std::vector<double>& qkv64, const std::vector<double>& datt64,
+               bool bf16_products = false) {
   const std::vector<T> qkv(qkv64.begin(), qkv64.end()), datt(datt64.begin(), datt64.end());
   Tiled<T> r{std::vector<T>(datt.size()), std::vector<T>(s.batch * s.heads * s.len), std::vector<T>(qkv.size())};
   zero3::models::ops::flash_attention_forward(qkv.data(), r.lse.data(), r.att.data(), s.batch, s.len, s.heads,
-                                              s.head_dim);
+                                              s.head_dim, bf16_products);
   zero3::models::ops::flash_attention_backward(qkv.data(), r.att.data(), r.lse.data(), datt.data(), r.dqkv.data(),
-                                               s.batch, s.len, s.heads, s.head_dim);
+                                               s.batch, s.len, s.heads, s.head_dim, bf16_products);
   return r;
 }
 
@@ -120,7 +122,9 @@ const Shape kShapes[] = {{2, 1, 2, 8},
                          {1, 37, 3, 16},
                          {2, kAttentionTile, 2, 8},
                          {1, kAttentionTile + 1, 2, 16},
-                         {1, 2 * kAttentionTile + 22, 2, 32}};
+                         {1, 2 * kAttentionTile + 22, 2, 32},
+                         {1, kAttentionKeyTile + 3, 2, 16},
+                         {1, 2 * kAttentionKeyTile + 70, 1, 64}};
 
 }  // namespace
 
@@ -139,6 +143,20 @@ TEST_CASE("flash attention matches full attention in float64", "[models][attenti
     CHECK(relative_error(f32.att, want.att) < 2e-6);
     CHECK(relative_error(f32.lse, want.lse) < 2e-6);
     CHECK(relative_error(f32.dqkv, want.dqkv) < 2e-5);
+    if (zero3::models::host_bf16_products()) {
+      // bf16 operands carry 8 significant bits: errors near 2^-8 of the largest value, far below a wrong
+      // mask, tile or rescale (which move whole rows).
+      const Tiled<float> b16 = tiled<float>(s, qkv, datt, true);
+      const double att = relative_error(b16.att, want.att);
+      const double lse = relative_error(b16.lse, want.lse);
+      const double dqkv = relative_error(b16.dqkv, want.dqkv);
+      INFO(fmt::format("bf16 products: att {:.2e} lse {:.2e} dqkv {:.2e}", att, lse, dqkv));
+      CHECK(att < 2e-2);
+      CHECK(lse < 6e-3);
+      CHECK(dqkv < 3e-2);
+      // And the bf16 products are in use: not the fp32 results.
+      CHECK(att > 10 * relative_error(f32.att, want.att));
+    }
   }
 }
 
@@ -175,6 +193,11 @@ TEST_CASE("flash attention gives the same bits on 1 and 2 threads", "[models][at
   const Tiled<float> one = tiled<float>(s, qkv, datt);
   zero3::models::set_blas_threads(2);
   const Tiled<float> two = tiled<float>(s, qkv, datt);
+  const bool bf16 = zero3::models::host_bf16_products();
+  zero3::models::set_blas_threads(1);
+  const Tiled<float> one16 = tiled<float>(s, qkv, datt, bf16);
+  zero3::models::set_blas_threads(2);
+  const Tiled<float> two16 = tiled<float>(s, qkv, datt, bf16);
   zero3::models::set_blas_threads(restore);
   const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -182,4 +205,7 @@ TEST_CASE("flash attention gives the same bits on 1 and 2 threads", "[models][at
   CHECK(same(one.att, two.att));
   CHECK(same(one.lse, two.lse));
   CHECK(same(one.dqkv, two.dqkv));
+  CHECK(same(one16.att, two16.att));
+  CHECK(same(one16.lse, two16.lse));
+  CHECK(same(one16.dqkv, two16.dqkv));
 }

@@ -2,7 +2,8 @@
 // at a stride, dense windows where the formulas switch or the result leaves the normal floats, and the
 // special values; relative error within the bound the header states (4e-7), NaN kept. vmath::round_to_bf16
 // against float_to_bf16 bit for bit: strided bit patterns, every rounding tie around a few binades, the
-// overflow to Inf, subnormals and NaNs.
+// overflow to Inf, subnormals and NaNs. vmath::max_f32 at every length to 40 and position, and
+// exp_shifted_sum_f32's values, sum and summation order.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -186,5 +187,48 @@ TEST_CASE("vmath::round_to_bf16 gives float_to_bf16's bits", "[models]") {
       }
     }
     CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("vmath::max_f32 is the largest element at every length and position", "[models]") {
+  for (std::size_t n = 1; n <= 40; ++n) {
+    for (std::size_t at = 0; at < n; ++at) {
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = -1.0f - static_cast<float>((i * 7) % 5);
+      x[at] = 3.5f;
+      INFO("n " << n << " at " << at);
+      CHECK(zero3::models::vmath::max_f32(x.data(), n) == 3.5f);
+    }
+  }
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const std::vector<float> all_ninf(19, ninf);
+  CHECK(zero3::models::vmath::max_f32(all_ninf.data(), all_ninf.size()) == ninf);
+}
+
+TEST_CASE("vmath::exp_shifted_sum_f32 is exp(x - shift) with its sum, in a fixed order", "[models]") {
+  for (std::size_t n : {1u, 7u, 16u, 17u, 64u, 255u, 256u}) {
+    std::vector<float> x(n), y(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 6.0);
+    const float shift = 2.25f;
+    const double sum = zero3::models::vmath::exp_shifted_sum_f32(x.data(), y.data(), n, shift);
+    double want_sum = 0;
+    double lanes[16] = {};
+    for (std::size_t i = 0; i < n; ++i) {
+      const double want = std::exp(static_cast<double>(x[i] - shift));
+      INFO("n " << n << " i " << i);
+      CHECK(std::abs(y[i] - want) <= 4e-7 * want);
+      want_sum += want;
+      lanes[i % 16] += y[i];
+    }
+    CHECK(std::abs(sum - want_sum) <= 4e-7 * want_sum);
+    // The documented order: 16 lanes, lane l + 8 onto lane l, then pairwise.
+    double half[8];
+    for (int l = 0; l < 8; ++l) half[l] = lanes[l] + lanes[l + 8];
+    const double ordered = ((half[0] + half[1]) + (half[2] + half[3])) + ((half[4] + half[5]) + (half[6] + half[7]));
+    CHECK(sum == ordered);
+    // In place gives the same values.
+    std::vector<float> z = x;
+    CHECK(zero3::models::vmath::exp_shifted_sum_f32(z.data(), z.data(), n, shift) == sum);
+    CHECK(std::memcmp(z.data(), y.data(), n * sizeof(float)) == 0);
   }
 }

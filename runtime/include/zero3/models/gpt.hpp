@@ -150,6 +150,8 @@ class GptModel {
   void take_params16(const char* what, std::size_t unit, std::span<const T* const> params,
                      std::span<const bf16_t* const> params16);
   // The linear layer of weight param k (bf16 products when w16_[k] is set).
+  // The current layer's attention multiplies in bf16: its projections do (w16_ set).
+  bool attention_in_bf16() const;
   void linear_fwd(std::span<const T* const> p, std::size_t k, const T* bias, const T* x, T* y, std::size_t rows,
                   std::size_t in, std::size_t out);
   void linear_bwd(std::span<const T* const> p, std::size_t k, const T* x, const T* dy, T* dx, T* dw, T* dbias,

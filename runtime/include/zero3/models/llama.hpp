@@ -123,6 +123,8 @@ class LlamaModel {
   void check_unit_params(const char* what, std::size_t unit, std::size_t count) const;
   void take_params16(const char* what, std::size_t unit, std::span<const T* const> params,
                      std::span<const bf16_t* const> params16);
+  // The current layer's attention multiplies in bf16: its projections do (w16_ set).
+  bool attention_in_bf16() const;
   void linear_fwd(std::span<const T* const> p, std::size_t k, const T* bias, const T* x, T* y, std::size_t rows,
                   std::size_t in, std::size_t out);
   void linear_bwd(std::span<const T* const> p, std::size_t k, const T* x, const T* dy, T* dx, bool accumulate_dx, T* dw,
