@@ -25,5 +25,7 @@ void add_bench_grad_check_command(CLI::App& app);
 void add_bench_desync_command(CLI::App& app);
 // zero3-bench host-gemm: the host models' matrix-product backends at a GPT's shapes
 void add_bench_host_gemm_command(CLI::App& app);
+// zero3-bench attention: the host models' tiled attention beside torch's scaled_dot_product_attention
+void add_bench_attention_command(CLI::App& app);
 
 }  // namespace zero3::tools

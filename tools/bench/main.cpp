@@ -18,5 +18,6 @@ int main(int argc, char** argv) {
   zero3::tools::add_bench_grad_check_command(app);
   zero3::tools::add_bench_desync_command(app);
   zero3::tools::add_bench_host_gemm_command(app);
+  zero3::tools::add_bench_attention_command(app);
   return zero3::tools::run_program(app, argc, argv);
 }
