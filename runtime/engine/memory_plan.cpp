@@ -363,11 +363,16 @@ class Planner {
     }
     std::array<std::uint64_t, 3> slot{};
     const auto grow = [&](std::size_t i, std::uint64_t bytes) { slot[i] = std::max(slot[i], bytes); };
+    // The input of each MPI reduce-scatter, fp32: the library's own temporary (MemoryPlan::library_temporary).
+    const auto reduce_scatter = [&](std::uint64_t elems) {
+      if (world_ > 1) plan_.library_temporary = std::max<std::uint64_t>(plan_.library_temporary, elems * 4);
+    };
     const auto all_reduce = [&](std::uint64_t n, DType t) {
       const auto p = static_cast<std::uint64_t>(world_);
       if (p == 1 && t == DType::f32) return;
       const std::uint64_t block = (n + p - 1) / p;
       const std::uint64_t padded = block * p;
+      reduce_scatter(padded);
       if (!(t == DType::f32 && n == padded)) grow(0, padded * 4);
       grow(1, block * 4);
       if (t != DType::f32) grow(2, block * size_of(t));
@@ -385,6 +390,7 @@ class Planner {
           continue;
         }
         const std::uint64_t recv = std::min<std::uint64_t>(g.shard, piece);
+        reduce_scatter(w * recv);
         if (comm_dtype_ != DType::f32) {
           grow(0, w * recv * 4);
           grow(1, recv * 4);

@@ -151,12 +151,14 @@ nlohmann::json plan_json(const MemoryPlan& plan) {
                               {"largest_layer_params", ds.largest_layer},
                               {"gpu_bytes_per_gpu", ds.gpu_bytes_per_gpu},
                               {"cpu_bytes_per_node", ds.cpu_bytes_per_node}};
-  return {{"world_size", plan.world_size},
-          {"ranks_per_node", plan.ranks_per_node},
-          {"resident_bytes", {{"base", plan.resident_base}, {"peak", plan.resident_peak()}}},
-          {"ranks", ranks},
-          {"how", how},
-          {"deepspeed_estimate", deepspeed}};
+  return {
+      {"world_size", plan.world_size},
+      {"ranks_per_node", plan.ranks_per_node},
+      {"resident_bytes",
+       {{"base", plan.resident_base}, {"library_temporary", plan.library_temporary}, {"peak", plan.resident_peak()}}},
+      {"ranks", ranks},
+      {"how", how},
+      {"deepspeed_estimate", deepspeed}};
 }
 
 }  // namespace zero3::train

@@ -52,8 +52,8 @@ void print_table(const MemoryPlan& plan, const config::Config& cfg, std::uint64_
   }
   fmt::print(
       "resident memory of a rank's process (what ru_maxrss reports): {} MiB = {} MiB of this program's own "
-      "(code, libraries) + {}\n",
-      mib(plan.resident_peak()), mib(plan.resident_base),
+      "(code, libraries) + {} MiB the MPI library takes inside a gradient reduction + {}\n",
+      mib(plan.resident_peak()), mib(plan.resident_base), mib(plan.library_temporary),
       plan.device_memory_on_host ? "every kind above (the host device's memory is host memory)"
                                  : "the host kinds above (device memory is the GPU's)");
   const DeepSpeedEstimate& ds = plan.deepspeed;

@@ -98,9 +98,13 @@ struct MemoryPlan {
   // kind the process holds in its own memory (on the host backend, the device's memory too).
   std::uint64_t resident_base = 0;
   bool device_memory_on_host = true;
+  // Memory the MPI library allocates inside a call and frees before returning, which no zero3 tracker sees:
+  // Open MPI's reduce-scatter algorithms take a buffer of the call's whole input, so the largest gradient
+  // reduction's input (fp32). 0 on one rank and with NCCL (whose buffers are the GPU's).
+  std::uint64_t library_temporary = 0;
   std::uint64_t resident_peak() const {
-    return resident_base + peak_total(MemoryKind::pinned_host) + peak_total(MemoryKind::pageable_host) +
-           (device_memory_on_host ? peak_total(MemoryKind::device) : 0);
+    return resident_base + library_temporary + peak_total(MemoryKind::pinned_host) +
+           peak_total(MemoryKind::pageable_host) + (device_memory_on_host ? peak_total(MemoryKind::device) : 0);
   }
   // One line per non-zero category of `kind`, largest first: "param_shard 12.3 MiB (the rank's shards of ...)".
   std::string describe_kind(MemoryKind kind) const;
