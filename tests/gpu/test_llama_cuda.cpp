@@ -210,9 +210,10 @@ TEST_CASE("cuda attention: the tiled kernels match the host's tiled attention, t
   const std::vector<float> dattf = as_float(datt);
   std::vector<float> att(rows * d), lse(lse_count), dqkv(rows * 3 * d);
   const auto n = [](int v) { return static_cast<std::size_t>(v); };
-  ops::flash_attention_forward(qkvf.data(), lse.data(), att.data(), n(batch), n(len), n(heads), n(head_dim));
+  ops::flash_attention_forward(qkvf.data(), lse.data(), att.data(), n(batch), n(len), n(heads), n(head_dim),
+                               /*bf16_products=*/false);
   ops::flash_attention_backward(qkvf.data(), att.data(), lse.data(), dattf.data(), dqkv.data(), n(batch), n(len),
-                                n(heads), n(head_dim));
+                                n(heads), n(head_dim), /*bf16_products=*/false);
 
   Buffer qkv_dev = g.upload(qkv, DType::f32);
   Buffer datt_dev = g.upload(datt, DType::f32);
