@@ -24,7 +24,6 @@
 namespace zero3::models::ops {
 namespace {
 
-constexpr Index kKeyTile = kAttentionKeyTile;
 // Query tiles per forward task: enough work to repay copying the keys and values the block sees.
 constexpr Index kForwardTilesPerTask = 8;
 
@@ -59,15 +58,6 @@ T row_max(const T* row, Index n) {
     return vmath::max_f32(row, n);
   } else {
     return *std::max_element(row, row + n);
-  }
-}
-
-template <typename T>
-double exp_shifted_row(T* row, Index n, T shift) {
-  if constexpr (std::is_same_v<T, float>) {
-    return vmath::exp_shifted_sum_f32(row, row, n, shift);
-  } else {
-    return exp_shifted(row, row, n, shift);
   }
 }
 
@@ -109,8 +99,8 @@ HeadView<T> head_view(const T* qkv, Index s, Index h, Index len, Index d, Index 
 template <typename T, typename O>
 void forward_tile(const O* q, const O* k, const O* v, T* out, Index ld_out, T* lse, Index r0, Index rows,
                   Index head_dim, T scale) {
-  T* score = thread_scratch<T, 1>(kAttentionTile * kKeyTile);
-  O* score_operand = thread_scratch<O, 12>(kAttentionTile * kKeyTile);
+  T* score = thread_scratch<T, 1>(kAttentionTile * kAttentionKeyTile);
+  O* score_operand = thread_scratch<O, 12>(kAttentionTile * kAttentionKeyTile);
   T* acc = thread_scratch<T, 2>(kAttentionTile * head_dim);
   T* running_max = thread_scratch<T, 3>(kAttentionTile);
   double* denom = thread_scratch<double, 4>(kAttentionTile);
@@ -118,8 +108,8 @@ void forward_tile(const O* q, const O* k, const O* v, T* out, Index ld_out, T* l
   std::fill(running_max, running_max + rows, -std::numeric_limits<T>::infinity());
   std::fill(denom, denom + rows, 0.0);
   const Index end = r0 + rows;
-  for (Index c0 = 0; c0 < end; c0 += kKeyTile) {
-    const Index cols = std::min(kKeyTile, end - c0);
+  for (Index c0 = 0; c0 < end; c0 += kAttentionKeyTile) {
+    const Index cols = std::min(kAttentionKeyTile, end - c0);
     gemm_tile(false, true, rows, cols, head_dim, scale, q, head_dim, k + c0 * head_dim, head_dim, T(0), score, cols);
     for (Index i = 0; i < rows; ++i) {
       T* row = score + i * cols;
@@ -129,7 +119,7 @@ void forward_tile(const O* q, const O* k, const O* v, T* out, Index ld_out, T* l
         continue;
       }
       const T new_max = std::max(running_max[i], row_max(row, seen));
-      const double sum = exp_shifted_row(row, seen, new_max);
+      const double sum = exp_shifted(row, row, seen, new_max);
       std::fill(row + seen, row + cols, T(0));
       if (running_max[i] != new_max && denom[i] != 0.0) {
         // The running max rose: rescale what the earlier key tiles added.
@@ -161,7 +151,7 @@ void recompute_probabilities(const O* q, const O* k, const T* lse, T* prob, Inde
   for (Index i = 0; i < rows; ++i) {
     T* row = prob + i * cols;
     const Index seen = visible_keys(r0 + i, c0, cols);
-    exp_shifted_row(row, seen, lse[r0 + i]);
+    exp_shifted(row, row, seen, lse[r0 + i]);
     std::fill(row + seen, row + cols, T(0));
   }
 }
@@ -174,12 +164,12 @@ void backward_head(const O* q, const O* k, const O* v, const O* dout, const T* d
   std::fill(dq, dq + len * head_dim, T(0));
   std::fill(dk, dk + len * head_dim, T(0));
   std::fill(dv, dv + len * head_dim, T(0));
-  T* prob = thread_scratch<T, 1>(kAttentionTile * kKeyTile);
-  T* dprob = thread_scratch<T, 2>(kAttentionTile * kKeyTile);
-  O* prob_operand = thread_scratch<O, 12>(kAttentionTile * kKeyTile);
-  O* dprob_operand = thread_scratch<O, 13>(kAttentionTile * kKeyTile);
-  for (Index c0 = 0; c0 < len; c0 += kKeyTile) {
-    const Index cols = std::min(kKeyTile, len - c0);
+  T* prob = thread_scratch<T, 1>(kAttentionTile * kAttentionKeyTile);
+  T* dprob = thread_scratch<T, 2>(kAttentionTile * kAttentionKeyTile);
+  O* prob_operand = thread_scratch<O, 12>(kAttentionTile * kAttentionKeyTile);
+  O* dprob_operand = thread_scratch<O, 13>(kAttentionTile * kAttentionKeyTile);
+  for (Index c0 = 0; c0 < len; c0 += kAttentionKeyTile) {
+    const Index cols = std::min(kAttentionKeyTile, len - c0);
     // The first query tile with a row that sees key c0.
     for (Index r0 = c0 - c0 % kAttentionTile; r0 < len; r0 += kAttentionTile) {
       const Index rows = std::min(kAttentionTile, len - r0);
@@ -246,8 +236,7 @@ void backward(const T* qkv, const T* att, const T* lse, const T* datt, T* dqkv, 
     O* q = thread_scratch<O, 5>(n);
     O* k = thread_scratch<O, 6>(n);
     O* v = thread_scratch<O, 7>(n);
-    T* dout = thread_scratch<T, 8>(n);
-    O* dout_operand = thread_scratch<O, 14>(n);
+    O* dout = thread_scratch<O, 8>(n);
     T* dq = thread_scratch<T, 9>(n);
     T* dk = thread_scratch<T, 10>(n);
     T* dv = thread_scratch<T, 11>(n);
@@ -256,14 +245,15 @@ void backward(const T* qkv, const T* att, const T* lse, const T* datt, T* dqkv, 
     copy_rows(x.k, x.ld, 0, len, head_dim, k);
     copy_rows(x.v, x.ld, 0, len, head_dim, v);
     const T* o = att + s * len * d + h * head_dim;
-    copy_rows(datt + s * len * d + h * head_dim, d, 0, len, head_dim, dout);
+    const T* datt_head = datt + s * len * d + h * head_dim;
+    copy_rows(datt_head, d, 0, len, head_dim, dout);
     // delta[t] = dO[t] . O[t]: the softmax backward's row term, sum_j P dP.
     for (Index t = 0; t < len; ++t) {
       double dot = 0;
-      for (Index j = 0; j < head_dim; ++j) dot += static_cast<double>(dout[t * head_dim + j]) * o[t * d + j];
+      for (Index j = 0; j < head_dim; ++j) dot += static_cast<double>(datt_head[t * d + j]) * o[t * d + j];
       delta[t] = static_cast<T>(dot);
     }
-    backward_head(q, k, v, operand(dout, n, dout_operand), delta, lse + sh * len, dq, dk, dv, len, head_dim, scale);
+    backward_head(q, k, v, dout, delta, lse + sh * len, dq, dk, dv, len, head_dim, scale);
     T* out = dqkv + s * len * 3 * d + h * head_dim;
     for (Index t = 0; t < len; ++t) {
       std::copy_n(dq + t * head_dim, head_dim, out + t * x.ld);
@@ -273,7 +263,7 @@ void backward(const T* qkv, const T* att, const T* lse, const T* datt, T* dqkv, 
   });
 }
 
-void require_f32_products(bool bf16_products, const char* what) {
+void require_bf16_dot_products(bool bf16_products, const char* what) {
   if (bf16_products && !gemm::bf16_native()) {
     throw UsageError(fmt::format("{}: bf16 products need a CPU with bf16 dot products (gemm::bf16_native())", what));
   }
@@ -284,7 +274,7 @@ void require_f32_products(bool bf16_products, const char* what) {
 template <>
 void flash_attention_forward(const float* qkv, float* lse, float* att, Index batch, Index len, Index heads,
                              Index head_dim, bool bf16_products) {
-  require_f32_products(bf16_products, "flash_attention_forward");
+  require_bf16_dot_products(bf16_products, "flash_attention_forward");
   if (bf16_products) {
     forward<float, bf16_t>(qkv, lse, att, batch, len, heads, head_dim);
   } else {
@@ -302,7 +292,7 @@ void flash_attention_forward(const double* qkv, double* lse, double* att, Index 
 template <>
 void flash_attention_backward(const float* qkv, const float* att, const float* lse, const float* datt, float* dqkv,
                               Index batch, Index len, Index heads, Index head_dim, bool bf16_products) {
-  require_f32_products(bf16_products, "flash_attention_backward");
+  require_bf16_dot_products(bf16_products, "flash_attention_backward");
   if (bf16_products) {
     backward<float, bf16_t>(qkv, att, lse, datt, dqkv, batch, len, heads, head_dim);
   } else {

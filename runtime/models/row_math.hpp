@@ -21,25 +21,23 @@ T* thread_scratch(std::size_t n) {
 }
 
 // out[j] = exp(x[j] - shift) for j in [0, n), returning their sum in double (x and out may be the same
-// array); float through vmath::exp_f32.
+// array): float through vmath::exp_shifted_sum_f32 (one pass, 16 lanes summed in a fixed order), double
+// with std::exp and the same lane order.
 template <typename T>
 double exp_shifted(const T* x, T* out, std::size_t n, T shift) {
-  for (std::size_t j = 0; j < n; ++j) out[j] = x[j] - shift;
   if constexpr (std::is_same_v<T, float>) {
-    vmath::exp_f32(out, out, n);
+    return vmath::exp_shifted_sum_f32(x, out, n, shift);
   } else {
-    for (std::size_t j = 0; j < n; ++j) out[j] = std::exp(out[j]);
+    constexpr std::size_t kLanes = 16;
+    double lane[kLanes] = {};
+    for (std::size_t j = 0; j < n; ++j) {
+      out[j] = std::exp(x[j] - shift);
+      lane[j % kLanes] += out[j];
+    }
+    double half[kLanes / 2];
+    for (std::size_t l = 0; l < kLanes / 2; ++l) half[l] = lane[l] + lane[l + kLanes / 2];
+    return ((half[0] + half[1]) + (half[2] + half[3])) + ((half[4] + half[5]) + (half[6] + half[7]));
   }
-  // Eight partial sums (lane j % 8), added pairwise at the end: one running double sum would wait on each
-  // add's latency, and a fixed order keeps the result independent of threads.
-  constexpr std::size_t kLanes = 8;
-  double part[kLanes] = {};
-  std::size_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (std::size_t l = 0; l < kLanes; ++l) part[l] += out[j + l];
-  }
-  for (; j < n; ++j) part[j % kLanes] += out[j];
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
 }  // namespace zero3::models::ops
