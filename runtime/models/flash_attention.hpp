@@ -10,7 +10,8 @@
 // probabilities and their gradient rounded to bf16 as they enter a product; the softmax, the log-sum-exp and
 // the row terms stay fp32. Deterministic: the tiles are
 // fixed by the sizes, each output is written by one chunk of the host pool (host_parallel.hpp) and its sums
-// run in a fixed order, so the bits do not depend on the thread count or on scheduling.
+// run in a fixed order, so the bits do not depend on the thread count or on scheduling. The products run on
+// the chunk's own thread: call gemm::configure_backends() first (host_gemm.hpp; the models' constructors do).
 #pragma once
 
 #include <cstddef>

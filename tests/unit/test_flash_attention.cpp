@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "flash_attention.hpp"
+#include "host_gemm.hpp"
 #include "zero3/core/rng.hpp"
 #include "zero3/models/gpt.hpp"
 
@@ -100,6 +101,8 @@ Tiled<T> tiled(const Shape& s, const std::vector<double>& qkv64, const std::vect
                bool bf16_products = false) {
   const std::vector<T> qkv(qkv64.begin(), qkv64.end()), datt(datt64.begin(), datt64.end());
   Tiled<T> r{std::vector<T>(datt.size()), std::vector<T>(s.batch * s.heads * s.len), std::vector<T>(qkv.size())};
+  // As the models' constructors do: the products single-threaded inside the pool's chunks.
+  zero3::models::gemm::configure_backends();
   zero3::models::ops::flash_attention_forward(qkv.data(), r.lse.data(), r.att.data(), s.batch, s.len, s.heads,
                                               s.head_dim, bf16_products);
   zero3::models::ops::flash_attention_backward(qkv.data(), r.att.data(), r.lse.data(), datt.data(), r.dqkv.data(),
