@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -83,27 +84,44 @@ inline StepView step_view(std::string_view name, ConstBufferView v) {
   return {name, v.data, v.count, v.dtype, v.kind};
 }
 
-// The views of a fused optimizer step: master first, then the state views, all fp32 with master's count;
-// grad of any dtype with the same count; param of any dtype with the same count, or empty (count 0: no
-// low-precision copy is written). Every view is written or read by the same pass, so no two may overlap.
-inline void check_step_views(std::string_view op, std::initializer_list<StepView> fp32_views, ConstBufferView grad,
+// The storage dtypes of a fused step: master's, and one state dtype shared by every state view, form a
+// pair that kernels.hpp's optimizer_storage_supported allows. A call whose states differ is a mistake in
+// the caller (one optimizer keeps one state precision), so it is rejected rather than served.
+inline void check_step_dtypes(std::string_view op, const StepView& master, std::span<const StepView> states) {
+  const DType state = states.empty() ? DType::f32 : states.front().dtype;
+  for (const StepView& v : states) {
+    ZERO3_CHECK(v.dtype == state, fmt::format("{}: every state view must have one dtype ({} is {}, {} is {})", op,
+                                              states.front().name, dtype_name(state), v.name, dtype_name(v.dtype)));
+  }
+  ZERO3_CHECK(optimizer_storage_supported(master.dtype, state),
+              fmt::format("{}: {} of {} with state of {} is not a supported storage (master fp32, bf16 or fp16 with "
+                          "fp32 state; bf16 state only with a bf16 master)",
+                          op, master.name, dtype_name(master.dtype), dtype_name(state)));
+}
+
+// The views of a fused optimizer step: master first, then the state views, with master's count and dtypes
+// check_step_dtypes allows; grad of any dtype with the same count; param of any dtype with the same count,
+// or empty (count 0: no low-precision copy is written). Every view is written or read by the same pass, so
+// no two may overlap.
+inline void check_step_views(std::string_view op, std::initializer_list<StepView> views, ConstBufferView grad,
                              BufferView param) {
-  const std::size_t n = fp32_views.begin()->count;
-  for (const StepView& v : fp32_views) {
-    ZERO3_CHECK(v.dtype == DType::f32, fmt::format("{}: {} must be fp32 (got {})", op, v.name, dtype_name(v.dtype)));
-    ZERO3_CHECK(v.count == n, fmt::format("{}: count mismatch ({} has {} elements, {} has {})", op, v.name, v.count,
-                                          fp32_views.begin()->name, n));
+  const StepView& master = *views.begin();
+  const std::size_t n = master.count;
+  check_step_dtypes(op, master, std::span<const StepView>(views.begin() + 1, views.end()));
+  for (const StepView& v : views) {
+    ZERO3_CHECK(v.count == n,
+                fmt::format("{}: count mismatch ({} has {} elements, {} has {})", op, v.name, v.count, master.name, n));
     check_data(op, v.name, v.data, v.count);
   }
-  ZERO3_CHECK(grad.count == n, fmt::format("{}: count mismatch (grad has {} elements, {} has {})", op, grad.count,
-                                           fp32_views.begin()->name, n));
+  ZERO3_CHECK(grad.count == n,
+              fmt::format("{}: count mismatch (grad has {} elements, {} has {})", op, grad.count, master.name, n));
   check_data(op, "grad", grad.data, grad.count);
   ZERO3_CHECK(param.count == n || param.count == 0,
               fmt::format("{}: param has {} elements; it must have {} (or none, to skip the low-precision copy)", op,
                           param.count, n));
   check_data(op, "param", param.data, param.count);
 
-  std::vector<StepView> all(fp32_views);
+  std::vector<StepView> all(views);
   all.push_back(step_view("grad", grad));
   all.push_back(step_view("param", param));
   for (std::size_t i = 0; i < all.size(); ++i) {

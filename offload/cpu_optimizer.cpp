@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <string>
 
 #include "cpu_optimizer_paths.hpp"
 #include "optim_coeffs.hpp"
@@ -17,9 +18,9 @@ namespace detail {
 
 StepSpan span_tail(const StepSpan& s, std::size_t offset) {
   StepSpan t = s;
-  t.master = s.master + offset;
-  if (s.exp_avg != nullptr) t.exp_avg = s.exp_avg + offset;
-  if (s.exp_avg_sq != nullptr) t.exp_avg_sq = s.exp_avg_sq + offset;
+  t.master = static_cast<char*>(s.master) + offset * size_of(s.master_dtype);
+  if (s.exp_avg != nullptr) t.exp_avg = static_cast<char*>(s.exp_avg) + offset * size_of(s.state_dtype);
+  if (s.exp_avg_sq != nullptr) t.exp_avg_sq = static_cast<char*>(s.exp_avg_sq) + offset * size_of(s.state_dtype);
   t.grad = static_cast<const char*>(s.grad) + offset * size_of(s.grad_dtype);
   if (s.param != nullptr) t.param = static_cast<char*>(s.param) + offset * size_of(s.param_dtype);
   t.count = s.count - offset;
@@ -61,12 +62,18 @@ void check_dtype(std::string_view op, std::string_view what, DType t) {
   }
 }
 
+// A dtype's name, or its number when it is none of DType's values.
+std::string dtype_label(DType t) {
+  if (t == DType::f32 || t == DType::bf16 || t == DType::f16) return std::string(dtype_name(t));
+  return fmt::format("unknown dtype {}", static_cast<int>(t));
+}
+
 void check_ptr(std::string_view op, std::string_view what, const void* p) {
   if (p == nullptr) throw UsageError(fmt::format("{}: {} is null with a non-zero count", op, what));
 }
 
-// The span's pointers that `op` uses (master and grad always, the named states) are non-null and its
-// dtypes known. Only called with count > 0.
+// The span's pointers that `op` uses (master and grad always, the named states) are non-null, its dtypes
+// known and its master and state storage a supported pair. Only called with count > 0.
 void check_span(std::string_view op, const StepSpan& s, bool uses_exp_avg, bool uses_exp_avg_sq) {
   check_ptr(op, "master", s.master);
   if (uses_exp_avg) check_ptr(op, "exp_avg", s.exp_avg);
@@ -74,6 +81,12 @@ void check_span(std::string_view op, const StepSpan& s, bool uses_exp_avg, bool 
   check_ptr(op, "grad", s.grad);
   check_dtype(op, "grad", s.grad_dtype);
   if (s.param != nullptr) check_dtype(op, "param", s.param_dtype);
+  if (!kernels::optimizer_storage_supported(s.master_dtype, s.state_dtype)) {
+    throw UsageError(
+        fmt::format("{}: master of {} with state of {} is not a supported storage (master fp32, bf16 or "
+                    "fp16 with fp32 state; bf16 state only with a bf16 master)",
+                    op, dtype_label(s.master_dtype), dtype_label(s.state_dtype)));
+  }
 }
 
 // The fixed fold of cpu_optimizer_paths.hpp's 16 lanes: halves added pairwise, 16 -> 8 -> 4 -> 2 -> 1.

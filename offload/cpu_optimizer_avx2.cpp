@@ -1,4 +1,5 @@
-// The AVX2 path: 8 floats per vector, the loops of cpu_optimizer_paths.hpp over the operations below.
+// The AVX2 path: 8 floats per vector, the loops of cpu_optimizer_paths.hpp over the operations below
+// (16-bit master and state included).
 // Compiled with -mavx2 -mf16c, without -mfma, and with -ffp-contract=off (offload/CMakeLists.txt); only
 // called when cpu_features.cpp found AVX2 and F16C at run time. Every operation is the one correctly
 // rounded IEEE fp32 operation of optim_math.hpp, and the 16-bit conversions give dtype.hpp's bits.
@@ -34,8 +35,8 @@ struct Avx2 {
   }
   // F16C converts exactly (subnormals included) but quiets a signalling NaN; dtype.hpp keeps the
   // payload as it is, so NaN lanes are rebuilt from the bits: sign, all-ones exponent, payload << 13.
-  static F load(const fp16_t* p) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  static F load(const fp16_t* p) { return widen_fp16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static F widen_fp16(__m128i h) {
     const __m256i e = _mm256_cvtepu16_epi32(h);
     const __m256i abs = _mm256_and_si256(e, set1i(0x7fff));
     const __m256i nan = _mm256_cmpgt_epi32(abs, set1i(0x7c00));
@@ -53,16 +54,34 @@ struct Avx2 {
   static void stream(fp16_t* p, F x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_fp16(x)); }
   static void stream(simd::NoParam*, F) {}
   static void fence() { _mm_sfence(); }
-  // dtype.hpp's float_to_bf16: round to nearest even on the bits; NaN keeps its sign and top payload,
-  // quieted.
-  static __m128i to_bf16(F x) {
+  // dtype.hpp's float_to_bf16 in the top half of each lane (the bf16 value widened back to fp32): round to
+  // nearest even on the bits; NaN keeps its sign and top payload, quieted.
+  static __m256i round_bf16_bits(F x) {
     const __m256i u = _mm256_castps_si256(x);
-    const __m256i hi = _mm256_srli_epi32(u, 16);
-    const __m256i lsb = _mm256_and_si256(hi, set1i(1));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, set1i(0x7fff)), lsb), 16);
-    const __m256i quiet = _mm256_or_si256(hi, set1i(0x0040));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), set1i(1));
+    const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, set1i(0x7fff)), lsb);
+    const __m256i quiet = _mm256_or_si256(u, set1i(0x00400000));
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    return narrow(_mm256_blendv_epi8(rounded, quiet, nan));
+    return _mm256_and_si256(_mm256_blendv_epi8(rounded, quiet, nan), set1i(static_cast<int>(0xffff0000u)));
+  }
+  static __m128i to_bf16(F x) { return narrow(_mm256_srli_epi32(round_bf16_bits(x), 16)); }
+  // x rounded to the 16-bit type as store() rounds it, widened back to fp32 (exactly).
+  static F round(const bf16_t*, F x) { return _mm256_castsi256_ps(round_bf16_bits(x)); }
+  // to_fp16 makes every NaN the quiet sign | 0x7e00, which F16C widens as dtype.hpp does: no NaN fix-up.
+  static F round(const fp16_t*, F x) { return _mm256_cvtph_ps(to_fp16(x)); }
+  // Stores of values round() returned, so exact in the type: bf16 keeps the top halves, no rounding again.
+  static void store_exact(bf16_t* p, F x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow(_mm256_srli_epi32(_mm256_castps_si256(x), 16)));
+  }
+  static void stream_exact(bf16_t* p, F x) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), narrow(_mm256_srli_epi32(_mm256_castps_si256(x), 16)));
+  }
+  // A NaN that round() returned is sign | 0x7fc00000, which F16C narrows to sign | 0x7e00 as dtype.hpp does.
+  static void store_exact(fp16_t* p, F x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+  }
+  static void stream_exact(fp16_t* p, F x) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
   }
   // F16C rounds to nearest even with IEEE overflow to Inf and correctly rounded subnormals, as
   // float_to_fp16 does; NaN becomes sign | 0x7e00 there, F16C keeps payload bits, so NaN lanes are fixed.

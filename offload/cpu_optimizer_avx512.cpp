@@ -1,7 +1,8 @@
 // The AVX-512 path: 16 floats per vector, the loops of cpu_optimizer_paths.hpp over the operations
-// below. Compiled with -mavx512f/bw/vl/dq -mf16c and -ffp-contract=off (offload/CMakeLists.txt); only
-// called when cpu_features.cpp found these extensions at run time. Every operation is the one correctly
-// rounded IEEE fp32 operation of optim_math.hpp, and the 16-bit conversions give dtype.hpp's bits.
+// below (16-bit master and state included). Compiled with -mavx512f/bw/vl/dq -mf16c and -ffp-contract=off
+// (offload/CMakeLists.txt); only called when cpu_features.cpp found these extensions at run time. Every
+// operation is the one correctly rounded IEEE fp32 operation of optim_math.hpp, and the 16-bit conversions
+// give dtype.hpp's bits.
 #include "cpu_optimizer_paths.hpp"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__F16C__)
@@ -35,8 +36,8 @@ struct Avx512 {
   }
   // F16C converts exactly (subnormals included) but quiets a signalling NaN; dtype.hpp keeps the
   // payload as it is, so NaN lanes are rebuilt from the bits: sign, all-ones exponent, payload << 13.
-  static F load(const fp16_t* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  static F load(const fp16_t* p) { return widen_fp16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F widen_fp16(__m256i h) {
     const __m512i e = _mm512_cvtepu16_epi32(h);
     const __m512i abs = _mm512_and_si512(e, set1i(0x7fff));
     const __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, set1i(0x7c00));
@@ -54,16 +55,40 @@ struct Avx512 {
   static void stream(fp16_t* p, F x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_fp16(x)); }
   static void stream(simd::NoParam*, F) {}
   static void fence() { _mm_sfence(); }
-  // dtype.hpp's float_to_bf16: round to nearest even on the bits; NaN keeps its sign and top payload,
-  // quieted.
-  static __m256i to_bf16(F x) {
+  // dtype.hpp's float_to_bf16 in the top half of each lane (the bf16 value widened back to fp32): round to
+  // nearest even on the bits; NaN keeps its sign and top payload, quieted. Integer code rather than
+  // AVX512-BF16's vcvtne2ps2bf16, which rounds the same but flushes subnormal inputs to zero, where
+  // dtype.hpp keeps bf16's subnormals (second moments of small gradients are subnormal): its results would
+  // differ from the scalar path's, and fixing those lanes up costs what the integer rounding does.
+  static __m512i round_bf16_bits(F x) {
     const __m512i u = _mm512_castps_si512(x);
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    const __m512i lsb = _mm512_and_si512(hi, set1i(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, set1i(0x7fff)), lsb), 16);
-    const __m512i quiet = _mm512_or_si512(hi, set1i(0x0040));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), set1i(1));
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, set1i(0x7fff)), lsb);
+    const __m512i quiet = _mm512_or_si512(u, set1i(0x00400000));
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+    return _mm512_and_si512(_mm512_mask_blend_epi32(nan, rounded, quiet), set1i(static_cast<int>(0xffff0000u)));
+  }
+  static __m256i to_bf16(F x) { return top_halves(round_bf16_bits(x)); }
+  static __m256i top_halves(__m512i u) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)); }
+  // x rounded to the 16-bit type as store() rounds it, widened back to fp32 (exactly).
+  static F round(const bf16_t*, F x) { return _mm512_castsi512_ps(round_bf16_bits(x)); }
+  // to_fp16 makes every NaN the quiet sign | 0x7e00, which F16C widens as dtype.hpp does: no NaN fix-up.
+  static F round(const fp16_t*, F x) { return _mm512_cvtph_ps(to_fp16(x)); }
+  // Stores of values round() returned, so exact in the type: bf16 keeps the top halves, no rounding again.
+  static void store_exact(bf16_t* p, F x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), top_halves(_mm512_castps_si512(x)));
+  }
+  static void stream_exact(bf16_t* p, F x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), top_halves(_mm512_castps_si512(x)));
+  }
+  // A NaN that round() returned is sign | 0x7fc00000, which F16C narrows to sign | 0x7e00 as dtype.hpp does.
+  static void store_exact(fp16_t* p, F x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static void stream_exact(fp16_t* p, F x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   // F16C rounds to nearest even with IEEE overflow to Inf and correctly rounded subnormals, as
   // float_to_fp16 does; NaN becomes sign | 0x7e00 there, F16C keeps payload bits, so NaN lanes are fixed.

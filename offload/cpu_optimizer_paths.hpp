@@ -55,12 +55,59 @@ extern constinit const CpuOptimizerKernels kAvx512Kernels;  // cpu_optimizer_avx
 // cpu_optimizer.cpp (no -m flags), like everything the SIMD files share.
 StepSpan span_tail(const StepSpan& s, std::size_t offset);
 
+// The param type of a step that writes no low-precision copy.
+struct NoParam {};
+
+// Calls fn(M* master, S* exp_avg, S* exp_avg_sq, const G* grad, P* param) typed by the span's dtypes: M and
+// S one of the storage pairs that kernels::optimizer_storage_supported allows (the dispatcher has checked
+// the span: no other pair gets here, so only those four are instantiated), G the gradient's type, P the
+// param's (NoParam when param is null). A state the optimizer does not keep is a null S*.
+template <typename Fn>
+void with_span_types(const StepSpan& s, const Fn& fn) {
+  auto with_param = [&](auto* p, auto* m, auto* v, const auto* g) {
+    if (s.param == nullptr) {
+      fn(p, m, v, g, static_cast<NoParam*>(nullptr));
+    } else if (s.param_dtype == DType::f32) {
+      fn(p, m, v, g, static_cast<float*>(s.param));
+    } else if (s.param_dtype == DType::bf16) {
+      fn(p, m, v, g, static_cast<bf16_t*>(s.param));
+    } else {
+      fn(p, m, v, g, static_cast<fp16_t*>(s.param));
+    }
+  };
+  auto with_grad = [&](auto* p, auto* m, auto* v) {
+    if (s.grad_dtype == DType::f32) {
+      with_param(p, m, v, static_cast<const float*>(s.grad));
+    } else if (s.grad_dtype == DType::bf16) {
+      with_param(p, m, v, static_cast<const bf16_t*>(s.grad));
+    } else {
+      with_param(p, m, v, static_cast<const fp16_t*>(s.grad));
+    }
+  };
+  auto with_state = [&](auto* p, auto state_tag) {
+    using S = decltype(state_tag);
+    with_grad(p, static_cast<S*>(s.exp_avg), static_cast<S*>(s.exp_avg_sq));
+  };
+  if (s.state_dtype == DType::bf16) {
+    with_state(static_cast<bf16_t*>(s.master), bf16_t{});
+  } else if (s.master_dtype == DType::f32) {
+    with_state(static_cast<float*>(s.master), float{});
+  } else if (s.master_dtype == DType::bf16) {
+    with_state(static_cast<bf16_t*>(s.master), float{});
+  } else {
+    with_state(static_cast<fp16_t*>(s.master), float{});
+  }
+}
+
 // ---- The loop skeleton of the SIMD paths, written once over a vector backend V that each SIMD file
 // defines in an anonymous namespace (so every instantiation is local to its file and its -m flags):
 //   F (fp32 vector), D (double vector), kWidth (floats per F); set1, load (float, bf16_t, fp16_t),
-//   store (float, bf16_t, fp16_t; the NoParam overload does nothing), stream (the same as store, with a
-//   non-temporal store to an address aligned to kWidth elements), fence (orders the non-temporal stores
-//   before the stores that follow), mul, add, sub, div, sqrt, sign_of,
+//   store (float, bf16_t, fp16_t, rounding as dtype.hpp; the NoParam overload does nothing), round
+//   (const bf16_t* or const fp16_t* tag: x rounded to that type as store would, widened back to fp32),
+//   store_exact / stream_exact (bf16_t, fp16_t: store / stream of a value round() returned, which may skip
+//   the rounding), stream (the same as store, with a non-temporal store to an address aligned to kWidth
+//   elements), fence
+//   (orders the non-temporal stores before the stores that follow), mul, add, sub, div, sqrt, sign_of,
 //   each the single correctly rounded IEEE operation of optim_math.hpp's function of the same name;
 //   StatAcc: 16 double lanes, loaded from and stored to StatLanes, add(x, k) adding x's squares to the
 //   lanes of floats [k * kWidth, (k + 1) * kWidth) of a block of 16.
@@ -68,30 +115,7 @@ StepSpan span_tail(const StepSpan& s, std::size_t offset);
 // flags fixed per call, as optim_math.hpp's `if (c.l2)` is uniform over a call.
 namespace simd {
 
-struct NoParam {};
-
-// Calls fn(const G*, P*) typed by the span's grad and param dtypes (NoParam when param is null).
-template <typename Fn>
-void with_step_types(const StepSpan& s, const Fn& fn) {
-  auto typed = [&](const auto* g) {
-    if (s.param == nullptr) {
-      fn(g, static_cast<NoParam*>(nullptr));
-    } else if (s.param_dtype == DType::f32) {
-      fn(g, static_cast<float*>(s.param));
-    } else if (s.param_dtype == DType::bf16) {
-      fn(g, static_cast<bf16_t*>(s.param));
-    } else {
-      fn(g, static_cast<fp16_t*>(s.param));
-    }
-  };
-  if (s.grad_dtype == DType::f32) {
-    typed(static_cast<const float*>(s.grad));
-  } else if (s.grad_dtype == DType::bf16) {
-    typed(static_cast<const bf16_t*>(s.grad));
-  } else {
-    typed(static_cast<const fp16_t*>(s.grad));
-  }
-}
+using detail::NoParam;
 
 template <typename P>
 inline P* offset_ptr(P* p, std::size_t i) {
@@ -112,8 +136,29 @@ inline void put(P* p, typename V::F x) {
   }
 }
 
-template <typename V, bool kL2, bool kDecoupled, bool kStream, typename G, typename P>
-std::size_t adam_loop(const AdamCoeffs& c, float* p, float* m, float* v, const G* g, P* out, std::size_t n) {
+// The new master weights x: stored rounded to M, and the param copy made from the value stored (kernels.hpp:
+// param == cast(master)). For fp32 M, or without a param copy, x is stored as it is (no extra rounding).
+template <typename V, bool kStream, typename M, typename P>
+inline void put_master(M* p, P* out, typename V::F x) {
+  if constexpr (std::is_same_v<M, float> || std::is_same_v<P, NoParam>) {
+    V::store(p, x);
+    put<V, kStream>(out, x);
+  } else {
+    const typename V::F stored = V::round(static_cast<const M*>(p), x);
+    V::store_exact(p, stored);
+    if constexpr (std::is_same_v<P, M> && kStream) {
+      V::stream_exact(out, stored);  // the master's own bits: no second rounding
+    } else if constexpr (std::is_same_v<P, M>) {
+      V::store_exact(out, stored);
+    } else {
+      put<V, kStream>(out, stored);
+    }
+  }
+}
+
+// M: the master's storage type, S: the states', G: the gradient's, P: the param copy's (or NoParam).
+template <typename V, bool kL2, bool kDecoupled, bool kStream, typename M, typename S, typename G, typename P>
+std::size_t adam_loop(const AdamCoeffs& c, M* p, S* m, S* v, const G* g, P* out, std::size_t n) {
   using F = typename V::F;
   const F grad_scale = V::set1(c.grad_scale), weight_decay = V::set1(c.weight_decay);
   const F beta1 = V::set1(c.beta1), one_minus_beta1 = V::set1(c.one_minus_beta1);
@@ -131,16 +176,15 @@ std::size_t adam_loop(const AdamCoeffs& c, float* p, float* m, float* v, const G
     const F denom = V::add(V::mul(V::sqrt(vi), bc2_rsqrt), eps);
     if constexpr (kDecoupled) pi = V::sub(pi, V::mul(decay, pi));
     pi = V::sub(pi, V::mul(step_size, V::div(mi, denom)));
-    V::store(p + i, pi);
     V::store(m + i, mi);
     V::store(v + i, vi);
-    put<V, kStream>(offset_ptr(out, i), pi);
+    put_master<V, kStream>(p + i, offset_ptr(out, i), pi);
   }
   return i;
 }
 
-template <typename V, bool kDecay, bool kStream, typename G, typename P>
-std::size_t lion_loop(const LionCoeffs& c, float* p, float* m, const G* g, P* out, std::size_t n) {
+template <typename V, bool kDecay, bool kStream, typename M, typename S, typename G, typename P>
+std::size_t lion_loop(const LionCoeffs& c, M* p, S* m, const G* g, P* out, std::size_t n) {
   using F = typename V::F;
   const F grad_scale = V::set1(c.grad_scale);
   const F beta1 = V::set1(c.beta1), one_minus_beta1 = V::set1(c.one_minus_beta1);
@@ -156,15 +200,14 @@ std::size_t lion_loop(const LionCoeffs& c, float* p, float* m, const G* g, P* ou
     if constexpr (kDecay) pi = V::mul(pi, after_decay);
     pi = V::sub(pi, V::mul(lr, V::sign_of(direction)));
     const F mi = V::add(V::mul(beta2, m_old), V::mul(one_minus_beta2, gi));
-    V::store(p + i, pi);
     V::store(m + i, mi);
-    put<V, kStream>(offset_ptr(out, i), pi);
+    put_master<V, kStream>(p + i, offset_ptr(out, i), pi);
   }
   return i;
 }
 
-template <typename V, bool kL2, bool kStream, typename G, typename P>
-std::size_t adagrad_loop(const AdagradCoeffs& c, float* p, float* sum, const G* g, P* out, std::size_t n) {
+template <typename V, bool kL2, bool kStream, typename M, typename S, typename G, typename P>
+std::size_t adagrad_loop(const AdagradCoeffs& c, M* p, S* sum, const G* g, P* out, std::size_t n) {
   using F = typename V::F;
   const F grad_scale = V::set1(c.grad_scale), weight_decay = V::set1(c.weight_decay);
   const F lr = V::set1(c.lr), eps = V::set1(c.eps);
@@ -176,9 +219,8 @@ std::size_t adagrad_loop(const AdagradCoeffs& c, float* p, float* sum, const G* 
     if constexpr (kL2) gi = V::add(gi, V::mul(weight_decay, pi));
     const F si = V::add(V::load(sum + i), V::mul(gi, gi));
     pi = V::sub(pi, V::mul(lr, V::div(gi, V::add(V::sqrt(si), eps))));
-    V::store(p + i, pi);
     V::store(sum + i, si);
-    put<V, kStream>(offset_ptr(out, i), pi);
+    put_master<V, kStream>(p + i, offset_ptr(out, i), pi);
   }
   return i;
 }
@@ -255,13 +297,13 @@ void adam(const AdamCoeffs& c, const StepSpan& s) {
       [&](const StepSpan& b, auto stream) {
         constexpr bool kStream = decltype(stream)::value;
         std::size_t done = 0;
-        with_step_types(b, [&](const auto* g, auto* out) {
+        with_span_types(b, [&](auto* p, auto* m, auto* v, const auto* g, auto* out) {
           if (c.l2) {
-            done = adam_loop<V, true, false, kStream>(c, b.master, b.exp_avg, b.exp_avg_sq, g, out, b.count);
+            done = adam_loop<V, true, false, kStream>(c, p, m, v, g, out, b.count);
           } else if (c.decoupled) {
-            done = adam_loop<V, false, true, kStream>(c, b.master, b.exp_avg, b.exp_avg_sq, g, out, b.count);
+            done = adam_loop<V, false, true, kStream>(c, p, m, v, g, out, b.count);
           } else {
-            done = adam_loop<V, false, false, kStream>(c, b.master, b.exp_avg, b.exp_avg_sq, g, out, b.count);
+            done = adam_loop<V, false, false, kStream>(c, p, m, v, g, out, b.count);
           }
         });
         return done;
@@ -276,11 +318,11 @@ void lion(const LionCoeffs& c, const StepSpan& s) {
       [&](const StepSpan& b, auto stream) {
         constexpr bool kStream = decltype(stream)::value;
         std::size_t done = 0;
-        with_step_types(b, [&](const auto* g, auto* out) {
+        with_span_types(b, [&](auto* p, auto* m, auto*, const auto* g, auto* out) {
           if (c.decay) {
-            done = lion_loop<V, true, kStream>(c, b.master, b.exp_avg, g, out, b.count);
+            done = lion_loop<V, true, kStream>(c, p, m, g, out, b.count);
           } else {
-            done = lion_loop<V, false, kStream>(c, b.master, b.exp_avg, g, out, b.count);
+            done = lion_loop<V, false, kStream>(c, p, m, g, out, b.count);
           }
         });
         return done;
@@ -295,11 +337,11 @@ void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
       [&](const StepSpan& b, auto stream) {
         constexpr bool kStream = decltype(stream)::value;
         std::size_t done = 0;
-        with_step_types(b, [&](const auto* g, auto* out) {
+        with_span_types(b, [&](auto* p, auto*, auto* sum, const auto* g, auto* out) {
           if (c.l2) {
-            done = adagrad_loop<V, true, kStream>(c, b.master, b.exp_avg_sq, g, out, b.count);
+            done = adagrad_loop<V, true, kStream>(c, p, sum, g, out, b.count);
           } else {
-            done = adagrad_loop<V, false, kStream>(c, b.master, b.exp_avg_sq, g, out, b.count);
+            done = adagrad_loop<V, false, kStream>(c, p, sum, g, out, b.count);
           }
         });
         return done;

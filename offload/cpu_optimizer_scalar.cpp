@@ -1,6 +1,7 @@
-// The scalar path: plain loops over optim_math.hpp's element functions and dtype.hpp's conversions, the
-// same calls as the host device's kernels (kernels/host/optim_host.cpp), so its results are theirs bit
-// for bit. It is also the reference the SIMD paths are tested against, and its table runs their tails.
+// The scalar path: plain loops over optim_math.hpp's element functions and dtype.hpp's conversions (the
+// widening loads and round-to-nearest-even stores of 16-bit master and state too), the same calls as the
+// host device's kernels (kernels/host/optim_host.cpp), so its results are theirs bit for bit. It is also
+// the reference the SIMD paths are tested against, and its table runs their tails.
 #include <cstdint>
 #include <type_traits>
 
@@ -8,8 +9,6 @@
 
 namespace zero3::offload::detail {
 namespace {
-
-struct NoParam {};
 
 inline void store(float* out, std::size_t i, float v) {
   out[i] = v;
@@ -21,6 +20,18 @@ inline void store(fp16_t* out, std::size_t i, float v) {
   out[i] = float_to_fp16(v);
 }
 inline void store(NoParam*, std::size_t, float) {}
+
+// Stores the new master weight p rounded to M, and the param copy of the value stored (kernels.hpp:
+// param == cast(master)); for fp32 M both are p itself.
+template <typename M, typename P>
+inline void store_master(M* master, P* out, std::size_t i, float p) {
+  store(master, i, p);
+  if constexpr (std::is_same_v<M, float>) {
+    store(out, i, p);
+  } else {
+    store(out, i, to_float(master[i]));
+  }
+}
 
 // Calls fn(const G*) with G the storage type of `t`.
 template <typename Fn>
@@ -38,73 +49,41 @@ void with_src_type(DType t, const void* p, const Fn& fn) {
   }
 }
 
-// Calls fn(const G*, P*) typed by the span's grad and param dtypes (NoParam when param is null).
-template <typename Fn>
-void with_step_types(const StepSpan& s, const Fn& fn) {
-  with_src_type(s.grad_dtype, s.grad, [&](const auto* g) {
-    if (s.param == nullptr) {
-      fn(g, static_cast<NoParam*>(nullptr));
-      return;
-    }
-    switch (s.param_dtype) {
-      case DType::f32:
-        fn(g, static_cast<float*>(s.param));
-        return;
-      case DType::bf16:
-        fn(g, static_cast<bf16_t*>(s.param));
-        return;
-      case DType::f16:
-        fn(g, static_cast<fp16_t*>(s.param));
-        return;
-    }
-  });
-}
-
 inline double square(float x) {
   const double d = x;
   return d * d;
 }
 
 void adam(const AdamCoeffs& c, const StepSpan& s) {
-  with_step_types(s, [&](const auto* g, auto* out) {
-    float* p = s.master;
-    float* m = s.exp_avg;
-    float* v = s.exp_avg_sq;
+  with_span_types(s, [&](auto* p, auto* m, auto* v, const auto* g, auto* out) {
     for (std::size_t i = 0; i < s.count; ++i) {
-      float pi = p[i], mi = m[i], vi = v[i];
+      float pi = to_float(p[i]), mi = to_float(m[i]), vi = to_float(v[i]);
       kernels::detail::adam_elem(c, to_float(g[i]), pi, mi, vi);
-      p[i] = pi;
-      m[i] = mi;
-      v[i] = vi;
-      store(out, i, pi);
+      store(m, i, mi);
+      store(v, i, vi);
+      store_master(p, out, i, pi);
     }
   });
 }
 
 void lion(const LionCoeffs& c, const StepSpan& s) {
-  with_step_types(s, [&](const auto* g, auto* out) {
-    float* p = s.master;
-    float* m = s.exp_avg;
+  with_span_types(s, [&](auto* p, auto* m, auto*, const auto* g, auto* out) {
     for (std::size_t i = 0; i < s.count; ++i) {
-      float pi = p[i], mi = m[i];
+      float pi = to_float(p[i]), mi = to_float(m[i]);
       kernels::detail::lion_elem(c, to_float(g[i]), pi, mi);
-      p[i] = pi;
-      m[i] = mi;
-      store(out, i, pi);
+      store(m, i, mi);
+      store_master(p, out, i, pi);
     }
   });
 }
 
 void adagrad(const AdagradCoeffs& c, const StepSpan& s) {
-  with_step_types(s, [&](const auto* g, auto* out) {
-    float* p = s.master;
-    float* sum = s.exp_avg_sq;
+  with_span_types(s, [&](auto* p, auto*, auto* sum, const auto* g, auto* out) {
     for (std::size_t i = 0; i < s.count; ++i) {
-      float pi = p[i], si = sum[i];
+      float pi = to_float(p[i]), si = to_float(sum[i]);
       kernels::detail::adagrad_elem(c, to_float(g[i]), pi, si);
-      p[i] = pi;
-      sum[i] = si;
-      store(out, i, pi);
+      store(sum, i, si);
+      store_master(p, out, i, pi);
     }
   });
 }

@@ -4,17 +4,18 @@
 namespace zero3::kernels::gpu {
 namespace {
 
-template <typename G, typename P>
-__global__ void adam_kernel(detail::AdamCoeffs c, float* __restrict__ master, float* __restrict__ exp_avg,
-                            float* __restrict__ exp_avg_sq, const G* __restrict__ grad, P* __restrict__ param,
+// M: the master's storage type, S: the states', G: the gradient's, P: the param copy's (or NoParam).
+// Each element is widened to fp32, updated by adam_elem and rounded back (kernels.hpp's rounding rule).
+template <typename M, typename S, typename G, typename P>
+__global__ void adam_kernel(detail::AdamCoeffs c, M* __restrict__ master, S* __restrict__ exp_avg,
+                            S* __restrict__ exp_avg_sq, const G* __restrict__ grad, P* __restrict__ param,
                             std::size_t n) {
   for (std::size_t i = first_index(); i < n; i += grid_stride()) {
-    float p = master[i], m = exp_avg[i], v = exp_avg_sq[i];
+    float p = load_f32(master[i]), m = load_f32(exp_avg[i]), v = load_f32(exp_avg_sq[i]);
     detail::adam_elem(c, load_f32(grad[i]), p, m, v);
-    master[i] = p;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    store_param(param, i, p);
+    exp_avg[i] = store_f32<S>(m);
+    exp_avg_sq[i] = store_f32<S>(v);
+    store_master(master, param, i, p);
   }
 }
 
@@ -22,13 +23,17 @@ __global__ void adam_kernel(detail::AdamCoeffs c, float* __restrict__ master, fl
 
 void launch_adam(cudaStream_t stream, const detail::AdamCoeffs& c, BufferView master, BufferView exp_avg,
                  BufferView exp_avg_sq, ConstBufferView grad, BufferView param) {
-  with_step_types(grad, param, [&](auto grad_tag, auto param_tag) {
-    using G = typename decltype(grad_tag)::type;
-    using P = typename decltype(param_tag)::type;
-    adam_kernel<G, P><<<grid_for(master.count), kThreads, 0, stream>>>(
-        c, static_cast<float*>(master.data), static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data),
-        static_cast<const G*>(grad.data), static_cast<P*>(param.data), master.count);
-    ZERO3_CUDA_CHECK_LAUNCH();
+  with_storage_types(master.dtype, exp_avg.dtype, [&](auto master_tag, auto state_tag) {
+    using M = typename decltype(master_tag)::type;
+    using S = typename decltype(state_tag)::type;
+    with_step_types(grad, param, [&](auto grad_tag, auto param_tag) {
+      using G = typename decltype(grad_tag)::type;
+      using P = typename decltype(param_tag)::type;
+      adam_kernel<M, S, G, P><<<grid_for(master.count), kThreads, 0, stream>>>(
+          c, static_cast<M*>(master.data), static_cast<S*>(exp_avg.data), static_cast<S*>(exp_avg_sq.data),
+          static_cast<const G*>(grad.data), static_cast<P*>(param.data), master.count);
+      ZERO3_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 

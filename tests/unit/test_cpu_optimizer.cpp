@@ -1,6 +1,8 @@
 // The CPU optimizer of offload/: the scalar path against the host device's fused kernels and a SIMD path
 // against the scalar path, bit for bit (master, states and the low-precision param), on fresh random inputs
-// of odd sizes with Inf, NaN, huge and subnormal values mixed in and poisoned outputs. Then the 16-bit
+// of odd sizes with Inf, NaN, huge and subnormal values mixed in and poisoned outputs, with fp32 master and
+// states and with each 16-bit storage kernels.hpp allows (bf16 master with fp32 or bf16 states, fp16
+// master; their rounding against a float64 reference is test_kernels_optim.cpp's). Then the 16-bit
 // conversions over wide sweeps of bit patterns, GradStats against a long double reference, CpuThreadPool's
 // tiles and CPU binding, and the ZERO3_CPU_SIMD override. The test cases tagged [simd] compare the path
 // named by --simd-path (avx2 or avx512) with the scalar path and fail without the option; the program exits
@@ -298,6 +300,35 @@ struct HostRig {
     download(v, d.exp_avg_sq.data());
     if (d.param_dtype) download(p, d.param.data());
   }
+
+  // The same for master and states in their storage dtypes (Bytes: any element type).
+  template <typename Step>
+  void run_typed(const OptCase& c, Step& d, DType master_dtype, DType state_dtype) {
+    const std::size_t n = d.count;
+    const std::size_t state_size = zero3::size_of(state_dtype);
+    zero3::Buffer master = upload(d.master.data(), n, master_dtype);
+    zero3::Buffer m = upload(d.exp_avg.data(), d.exp_avg.size() / state_size, state_dtype);
+    zero3::Buffer v = upload(d.exp_avg_sq.data(), d.exp_avg_sq.size() / state_size, state_dtype);
+    zero3::Buffer g = upload(d.grad.data(), n, d.grad_dtype);
+    zero3::Buffer p = d.param_dtype ? upload(d.param.data(), n, *d.param_dtype) : zero3::Buffer{};
+    const kernels::KernelBackend& k = kernels::host_backend();
+    switch (c.opt) {
+      case Opt::adam:
+        k.adam_step(*stream, c.adam, master.view(), m.view(), v.view(), g.cview(), p.view());
+        break;
+      case Opt::lion:
+        k.lion_step(*stream, c.lion, master.view(), m.view(), g.cview(), p.view());
+        break;
+      case Opt::adagrad:
+        k.adagrad_step(*stream, c.adagrad, master.view(), v.view(), g.cview(), p.view());
+        break;
+    }
+    stream->synchronize();
+    download(master, d.master.data());
+    download(m, d.exp_avg.data());
+    download(v, d.exp_avg_sq.data());
+    if (d.param_dtype) download(p, d.param.data());
+  }
 };
 
 // The first differing element of two same-sized arrays of `elem_size`-byte elements, or -1.
@@ -531,6 +562,127 @@ void for_each_accumulate_case(const Fn& fn) {
 constexpr float kAccumulateAlpha = 0.75f;
 constexpr float kNonFinite[] = {INFINITY, -INFINITY, NAN};
 
+// ---- 16-bit master weights and states --------------------------------------------------------------
+
+// The storages kernels.hpp allows besides fp32: (master, state).
+struct Storage16 {
+  DType master, state;
+};
+constexpr Storage16 kStorages16[] = {{DType::bf16, DType::f32}, {DType::bf16, DType::bf16}, {DType::f16, DType::f32}};
+
+std::string storage_label(Storage16 s) {
+  return std::string("master ") + zero3::dtype_name(s.master).data() + ", state " + zero3::dtype_name(s.state).data();
+}
+
+// One step's inputs and outputs with master and states in their storage dtypes, as bytes.
+struct StoredStep {
+  Bytes master, exp_avg, exp_avg_sq, grad, param;
+  DType master_dtype = DType::bf16, state_dtype = DType::f32, grad_dtype = DType::f32;
+  std::optional<DType> param_dtype;
+  std::size_t count = 0;
+
+  StepSpan span() {
+    StepSpan s;
+    s.master = master.data();
+    s.exp_avg = exp_avg.empty() ? nullptr : exp_avg.data();
+    s.exp_avg_sq = exp_avg_sq.empty() ? nullptr : exp_avg_sq.data();
+    s.master_dtype = master_dtype;
+    s.state_dtype = state_dtype;
+    s.grad = grad.data();
+    s.grad_dtype = grad_dtype;
+    s.param = param_dtype ? param.data() : nullptr;
+    s.param_dtype = param_dtype.value_or(DType::bf16);
+    s.count = count;
+    return s;
+  }
+};
+
+// random_master's weights rounded to the master dtype (fp16's overflow to Inf included); states of
+// random_step's magnitudes with about 1 in 16 subnormal in every storage dtype (2^-130, so that small
+// gradients drive them to rounded subnormal results); random_step's gradients, one NaN source per element.
+StoredStep random_stored_step(std::mt19937_64& rng, Opt opt, std::size_t n, Storage16 st, DType grad_dtype,
+                              std::optional<DType> param_dtype) {
+  StoredStep d;
+  d.count = n;
+  d.master_dtype = st.master;
+  d.state_dtype = st.state;
+  const std::vector<float> master = random_master(rng, n);
+  d.master.resize(n * zero3::size_of(st.master));
+  for (std::size_t i = 0; i < n; ++i) zero3::store_from_float(d.master.data(), st.master, i, master[i]);
+  auto states = [&](int lo_exp, bool positive) {
+    Bytes b = random_values(rng, st.state, n, lo_exp, 2, positive, false);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (rng() % 16 == 0) zero3::store_from_float(b.data(), st.state, i, positive ? 0x1p-130f : -0x1p-130f);
+    }
+    return b;
+  };
+  if (opt != Opt::adagrad) d.exp_avg = states(-20, false);
+  if (opt != Opt::lion) d.exp_avg_sq = states(-40, true);
+  d.grad_dtype = grad_dtype;
+  d.grad = random_values(rng, grad_dtype, n, -24, 4, false, true);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool master_special = !std::isfinite(zero3::load_as_float(d.master.data(), st.master, i));
+    const bool grad_special = !std::isfinite(zero3::load_as_float(d.grad.data(), grad_dtype, i));
+    if (master_special && grad_special) zero3::store_from_float(d.grad.data(), grad_dtype, i, 1.5f);
+  }
+  d.param_dtype = param_dtype;
+  if (param_dtype) d.param.assign(n * zero3::size_of(*param_dtype), 0xff);  // poison: NaN in every dtype
+  return d;
+}
+
+void run_stored(SimdPath path, const OptCase& c, StoredStep& d, bool stream_param = false) {
+  StepSpan s = d.span();
+  s.stream_param = stream_param;
+  switch (c.opt) {
+    case Opt::adam:
+      offload::adam_range(path, c.adam, s);
+      break;
+    case Opt::lion:
+      offload::lion_range(path, c.lion, s);
+      break;
+    case Opt::adagrad:
+      offload::adagrad_range(path, c.adagrad, s);
+      break;
+  }
+}
+
+void check_same_stored(const StoredStep& got, const StoredStep& want) {
+  check_same("master", got.master.data(), want.master.data(), got.master.size(), zero3::size_of(got.master_dtype));
+  check_same("exp_avg", got.exp_avg.data(), want.exp_avg.data(), got.exp_avg.size(), zero3::size_of(got.state_dtype));
+  check_same("exp_avg_sq", got.exp_avg_sq.data(), want.exp_avg_sq.data(), got.exp_avg_sq.size(),
+             zero3::size_of(got.state_dtype));
+  if (got.param_dtype) {
+    check_same("param", got.param.data(), want.param.data(), got.param.size(), zero3::size_of(*got.param_dtype));
+  }
+}
+
+// Every optimizer variant, 16-bit storage, grad dtype, param dtype (or none) and a few sizes, on fresh
+// random inputs: fn(case, input, want), want being the scalar path's result.
+template <typename Fn>
+void for_each_stored_case(const Fn& fn) {
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::optional<DType> param_dtypes[] = {std::nullopt, DType::f32, DType::bf16, DType::f16};
+  constexpr std::size_t kStoredSizes[] = {1, 17, 33, 4099};
+  for (const OptCase& c : optimizer_cases()) {
+    for (const Storage16 st : kStorages16) {
+      for (DType gt : kAllDTypes) {
+        for (std::optional<DType> pt : param_dtypes) {
+          for (std::size_t n : kStoredSizes) {
+            INFO(c.name << ", " << storage_label(st) << ", grad " << zero3::dtype_name(gt) << ", param "
+                        << dtype_label(pt) << ", n " << n);
+            const StoredStep input = random_stored_step(rng, c.opt, n, st, gt, pt);
+            StoredStep want = input;
+            run_stored(SimdPath::scalar, c, want);
+            fn(c, input, want);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cpu optimizer: the host device's kernels equal the scalar path bit for bit", "[offload]") {
@@ -751,6 +903,94 @@ TEST_CASE("cpu optimizer: accumulate and grad stats on the SIMD path equal the s
       });
 }
 
+TEST_CASE("cpu optimizer: 16-bit master and states: the host device's kernels equal the scalar path bit for bit",
+          "[offload]") {
+  HostRig host;
+  for_each_stored_case([&](const OptCase& c, const StoredStep& input, const StoredStep& want) {
+    StoredStep got = input;
+    host.run_typed(c, got, got.master_dtype, got.state_dtype);
+    check_same_stored(got, want);
+  });
+}
+
+TEST_CASE("cpu optimizer: 16-bit master and states: the SIMD path equals the scalar path bit for bit",
+          "[offload][simd]") {
+  const SimdPath path = simd_path_under_test();
+  INFO("path " << offload::simd_path_name(path) << " vs scalar path");
+  for_each_stored_case([&](const OptCase& c, const StoredStep& input, const StoredStep& want) {
+    StoredStep got = input;
+    run_stored(path, c, got);
+    check_same_stored(got, want);
+    // Streamed param stores too (their head and tail go to the scalar path, the body streams).
+    if (input.param_dtype && input.count > 16) {
+      StoredStep streamed = input;
+      run_stored(path, c, streamed, true);
+      check_same_stored(streamed, want);
+    }
+  });
+}
+
+TEST_CASE("cpu optimizer: 16-bit master and states: the param copy is the stored master converted", "[offload]") {
+  // kernels.hpp's rule, on every path this CPU has: param == cast(master) after the step, for every param
+  // dtype, including fp16 params of an fp16 master past 65504 (Inf in both) and bf16 params of fp16 masters.
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (SimdPath path : {SimdPath::scalar, SimdPath::avx2, SimdPath::avx512}) {
+    if (!offload::simd_path_supported(path)) continue;
+    for (const Storage16 st : kStorages16) {
+      for (DType pt : kAllDTypes) {
+        INFO("path " << offload::simd_path_name(path) << ", " << storage_label(st) << ", param "
+                     << zero3::dtype_name(pt));
+        OptCase c{Opt::adam, {}, {}, {}, "adamw"};
+        c.adam.weight_decay = 0.01f;
+        StoredStep d = random_stored_step(rng, Opt::adam, 4099, st, DType::f32, pt);
+        run_stored(path, c, d);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < d.count; ++i) {
+          const float m = zero3::load_as_float(d.master.data(), st.master, i);
+          Bytes want(zero3::size_of(pt));
+          zero3::store_from_float(want.data(), pt, 0, m);
+          if (std::memcmp(want.data(), d.param.data() + i * zero3::size_of(pt), want.size()) != 0 && ++bad <= 3) {
+            INFO("element " << i << ": master " << m);
+            CHECK(false);
+          }
+        }
+        CHECK(bad == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu optimizer: fp32 storage named explicitly is the default step", "[offload]") {
+  const std::uint64_t seed = zero3::test::test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const SimdPath path = offload::best_simd_path();
+  for (const OptCase& c : optimizer_cases()) {
+    INFO(c.name);
+    const StepData input = random_step(rng, c.opt, 4099, DType::bf16, DType::bf16);
+    StepData want = input;
+    run_path(path, c, want);
+    StepData got = input;
+    StepSpan s = got.span();
+    s.master_dtype = DType::f32;
+    s.state_dtype = DType::f32;
+    switch (c.opt) {
+      case Opt::adam:
+        offload::adam_range(path, c.adam, s);
+        break;
+      case Opt::lion:
+        offload::lion_range(path, c.lion, s);
+        break;
+      case Opt::adagrad:
+        offload::adagrad_range(path, c.adagrad, s);
+        break;
+    }
+    check_same_step(got, want);
+  }
+}
+
 TEST_CASE("cpu optimizer: arguments are checked at the boundary", "[offload]") {
   const SimdPath path = offload::best_simd_path();
   std::vector<float> a(8, 1.0f), m(8, 0.0f), v(8, 1.0f), g(8, 1.0f);
@@ -773,6 +1013,27 @@ TEST_CASE("cpu optimizer: arguments are checked at the boundary", "[offload]") {
   bad.param_dtype = static_cast<DType>(9);
   CHECK_THROWS_AS(offload::adam_range(path, adam, bad), zero3::UsageError);
   CHECK_NOTHROW(offload::adam_range(path, adam, StepSpan{}));  // count 0: nothing to check
+  // Storage pairs: kernels::optimizer_storage_supported's (bf16 state only with a bf16 master, no fp16 state).
+  std::vector<std::uint16_t> h(8, 0x3f80), hm(8, 0), hv(8, 0x3f80);  // bf16 1, 0, 1
+  StepSpan low = s;
+  low.master = h.data();
+  low.master_dtype = DType::bf16;
+  CHECK_NOTHROW(offload::adam_range(path, adam, low));
+  low.exp_avg = hm.data();
+  low.exp_avg_sq = hv.data();
+  low.state_dtype = DType::bf16;
+  CHECK_NOTHROW(offload::adam_range(path, adam, low));
+  low.master_dtype = DType::f16;
+  CHECK_THROWS_WITH(offload::adam_range(path, adam, low), Catch::Contains("bf16 state only with a bf16 master"));
+  low.master_dtype = DType::bf16;
+  low.state_dtype = DType::f16;
+  CHECK_THROWS_AS(offload::lion_range(path, kernels::LionArgs{}, low), zero3::UsageError);
+  bad = s;
+  bad.state_dtype = DType::bf16;  // fp32 master
+  CHECK_THROWS_AS(offload::adagrad_range(path, kernels::AdagradArgs{}, bad), zero3::UsageError);
+  bad = s;
+  bad.master_dtype = static_cast<DType>(6);
+  CHECK_THROWS_WITH(offload::adam_range(path, adam, bad), Catch::Contains("unknown dtype 6"));
   CHECK_THROWS_AS(offload::accumulate_range(path, nullptr, g.data(), DType::f32, 1.0f, 8, true), zero3::UsageError);
   CHECK_THROWS_AS(offload::accumulate_range(path, a.data(), g.data(), static_cast<DType>(5), 1.0f, 8, true),
                   zero3::UsageError);

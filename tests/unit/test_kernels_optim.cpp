@@ -9,12 +9,14 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <initializer_list>
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernel_test_util.hpp"
@@ -98,11 +100,12 @@ std::uint32_t bits_at(const Buffer& b, std::size_t i) {
   return h;
 }
 
-// The low-precision copy is the fp32 master rounded once by dtype.hpp, bit for bit.
+// The low-precision copy is the master as stored (fp32, or already rounded to a 16-bit master's dtype)
+// converted once by dtype.hpp, bit for bit.
 void check_param_copy(const Buffer& master, const Buffer& param, Mismatches& bad) {
   if (param.count() == 0) return;
   for (std::size_t i = 0; i < master.count(); ++i) {
-    const float m = static_cast<const float*>(master.data())[i];
+    const auto m = static_cast<float>(value_at(master, i));
     if (bits_at(param, i) != converted_bits(m, param.dtype()))
       bad.add("param copy of master", i, value_at(param, i), m, 0.0);
   }
@@ -204,13 +207,15 @@ AdagradRef adagrad_ref(const kernels::AdagradArgs& a, double p0, double s0, doub
 
 // ---- the buffers of one optimizer ----------------------------------------------------------------
 
-// master, two fp32 state slots (the second unused by Lion and Adagrad), grad and the param copy.
+// master, two state slots (the second unused by Lion and Adagrad), grad and the param copy; master and
+// states fp32 unless a 16-bit storage is asked for.
 struct StepBuffers {
   Buffer master, s1, s2, grad, param;
-  StepBuffers(HostEnv& env, std::size_t n, DType grad_t, std::optional<DType> param_t)
-      : master(env.alloc(n, DType::f32)),
-        s1(env.alloc(n, DType::f32)),
-        s2(env.alloc(n, DType::f32)),
+  StepBuffers(HostEnv& env, std::size_t n, DType grad_t, std::optional<DType> param_t, DType master_t = DType::f32,
+              DType state_t = DType::f32)
+      : master(env.alloc(n, master_t)),
+        s1(env.alloc(n, state_t)),
+        s2(env.alloc(n, state_t)),
         grad(env.alloc(n, grad_t)),
         param(param_t ? env.alloc(n, *param_t) : Buffer{}) {}
   // Weights around 1, first moments small and signed, second moments and sums positive.
@@ -384,6 +389,295 @@ TEST_CASE("optim kernels: adagrad_step matches a float64 reference over five ste
     check_param_copy(b.master, b.param, bad);
     CHECK(bad.count == 0);
   }
+}
+
+// ---- 16-bit master weights and optimizer states ---------------------------------------------------
+// kernels.hpp's rule: widen to fp32, update in fp32 exactly as with fp32 storage, round each result to its
+// storage dtype to nearest even. Two references per step: the fp32 step itself on the widened inputs,
+// whose results rounded once by dtype.hpp must be the stored values bit for bit (the rule, exactly); and
+// one step in double from the stored (widened) values, rounded straight to the storage dtype, which the
+// stored value must lie within one ulp of (plus the fp32 error bound of the *_ref functions where that
+// exceeds half an ulp: terms that cancel) and equal exactly in all but the few elements whose exact value
+// lies within the fp32 error of a 16-bit rounding boundary (the fraction is printed).
+
+namespace {
+
+// The 16-bit storages kernels.hpp allows: (master, state).
+struct Storage {
+  DType master, state;
+};
+constexpr Storage kStorages16[] = {{DType::bf16, DType::f32}, {DType::bf16, DType::bf16}, {DType::f16, DType::f32}};
+
+std::string storage_name(Storage s) {
+  return std::string("master ") + zero3::dtype_name(s.master).data() + ", state " + zero3::dtype_name(s.state).data();
+}
+
+// The spacing of t's values at magnitude |x| (the subnormal spacing below t's smallest normal).
+double ulp_of(double x, DType t) {
+  const int digits = t == DType::f32 ? 24 : (t == DType::bf16 ? 8 : 11);
+  const int min_exp = t == DType::f16 ? -14 : -126;
+  const int e = x == 0.0 || !std::isfinite(x) ? min_exp : std::max(std::ilogb(x), min_exp);
+  return std::ldexp(1.0, e - (digits - 1));
+}
+
+// x rounded to t, to nearest with ties to even, in one step from double (no double rounding through fp32):
+// x / ulp is exact (a power-of-two scaling), nearbyint rounds it to even under the default rounding mode.
+double round_to(double x, DType t) {
+  if (!std::isfinite(x) || x == 0.0) return x;
+  if (t == DType::f32) return static_cast<float>(x);
+  const double q = ulp_of(x, t);
+  const double r = std::nearbyint(x / q) * q;
+  const double max_finite = t == DType::bf16 ? 0x1.fcp127 : 65504.0;
+  return std::fabs(r) > max_finite ? std::copysign(INFINITY, x) : r;
+}
+
+// Per storage: how many stored 16-bit values were compared with the rounded float64 reference, how many
+// equal it, and how many lie more than one ulp from it (only where the fp32 error bound exceeds half an ulp:
+// a sum whose terms cancel, where fp32 storage is that far off as well).
+struct ExactCount {
+  std::size_t compared = 0, exact = 0, beyond_ulp = 0;
+  double max_ulps = 0;
+};
+
+// A 16-bit stored value against the reference `want` (exact, not yet rounded) with fp32 error bound tol:
+// within one ulp of round_to(want) wherever tol is under half an ulp (the fp32 result then rounds to one of
+// the two values around `want`), within one ulp plus tol elsewhere; counts exact equality. fp32 storage:
+// within tol of want.
+void check_stored(const char* what, std::size_t i, double got, double want, double tol, DType t, Mismatches& bad,
+                  ExactCount& count) {
+  if (t == DType::f32) {
+    bad.near(what, i, got, want, tol);
+    return;
+  }
+  const double rounded = round_to(want, t);
+  const double ulp = ulp_of(std::max(std::fabs(rounded), std::fabs(got)), t);
+  const double diff = std::fabs(got - rounded);
+  ++count.compared;
+  if (got == rounded) ++count.exact;
+  if (diff > ulp) ++count.beyond_ulp;
+  count.max_ulps = std::max(count.max_ulps, diff / ulp);
+  bad.near(what, i, got, rounded, tol <= ulp / 2 ? ulp : ulp + tol);
+}
+
+void report_exact(const char* op, Storage st, const ExactCount& c) {
+  std::printf(
+      "%s, %s: %zu of %zu 16-bit values (%.4f%%) equal the rounded float64 reference; %zu more than 1 ulp "
+      "from it (max %.0f ulp), only where terms cancel and the fp32 error bound passes half an ulp\n",
+      op, storage_name(st).c_str(), c.exact, c.compared, c.compared ? 100.0 * c.exact / c.compared : 100.0,
+      c.beyond_ulp, c.max_ulps);
+  CHECK(c.compared > 0);
+  CHECK(c.exact >= c.compared * 99 / 100);
+}
+
+// The shadow of a 16-bit step: the same step on fp32 master and states holding the 16-bit step's inputs
+// (widened) and the same gradient. kernels.hpp's rule says the 16-bit step stores exactly the fp32 step's
+// results rounded once to nearest even: checked bit for bit by check_rounded.
+struct Shadow {
+  StepBuffers w;
+  Shadow(HostEnv& env, const StepBuffers& b) : w(env, b.master.count(), b.grad.dtype(), std::nullopt) {}
+  void load(const StepBuffers& b) {
+    for (Buffer* dst : {&w.master, &w.s1, &w.s2}) {
+      const Buffer& src = dst == &w.master ? b.master : (dst == &w.s1 ? b.s1 : b.s2);
+      for (std::size_t i = 0; i < src.count(); ++i) static_cast<float*>(dst->data())[i] = value_at(src, i);
+    }
+    std::memcpy(w.grad.data(), b.grad.data(), b.grad.size_bytes());
+  }
+};
+
+void check_rounded(const char* what, const Buffer& stored, const Buffer& fp32, Mismatches& bad) {
+  for (std::size_t i = 0; i < stored.count(); ++i) {
+    const float w = static_cast<const float*>(fp32.data())[i];
+    if (bits_at(stored, i) != converted_bits(w, stored.dtype())) bad.add(what, i, value_at(stored, i), w, 0.0);
+  }
+}
+
+// The grad dtype of a storage's steps: 16-bit like the master (DeepSpeed's "master weights and grads").
+DType grad_dtype_for(Storage st) {
+  return st.master;
+}
+
+}  // namespace
+
+TEST_CASE("optim kernels: adam_step with 16-bit master and states matches a rounded float64 reference", "[kernels]") {
+  const std::uint64_t seed = test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  HostEnv env;
+  for (const Storage st : kStorages16) {
+    ExactCount exact;
+    for (int variant = 0; variant < 4; ++variant) {
+      for (const std::size_t n : {std::size_t{7}, std::size_t{4097}}) {
+        const std::optional<DType> param_t = variant % 2 == 0 ? std::optional<DType>(DType::bf16) : std::nullopt;
+        INFO(storage_name(st) << ", variant " << variant << ", n " << n);
+        kernels::AdamArgs args;
+        args.lr = 3e-3f;
+        args.weight_decay = variant <= 1 ? 0.05f : 0.0f;
+        args.adamw = variant != 1;
+        args.bias_correction = variant != 3;
+        args.grad_scale = 0.75f;
+        StepBuffers b(env, n, grad_dtype_for(st), param_t, st.master, st.state);
+        b.init(rng);
+        Shadow shadow(env, b);
+        for (std::int64_t step = 1; step <= 5; ++step) {
+          INFO("step " << step);
+          args.step = step;
+          b.new_grad(rng);
+          shadow.load(b);
+          const std::vector<float> p0 = snapshot(b.master), m0 = snapshot(b.s1), v0 = snapshot(b.s2);
+          env.k.adam_step(*env.stream, args, b.master.view(), b.s1.view(), b.s2.view(), b.grad.cview(), b.param_view());
+          StepBuffers& w = shadow.w;
+          env.k.adam_step(*env.stream, args, w.master.view(), w.s1.view(), w.s2.view(), w.grad.cview(), BufferView{});
+          env.stream->synchronize();
+          Mismatches bad;
+          check_rounded("master vs the fp32 step", b.master, w.master, bad);
+          check_rounded("exp_avg vs the fp32 step", b.s1, w.s1, bad);
+          check_rounded("exp_avg_sq vs the fp32 step", b.s2, w.s2, bad);
+          for (std::size_t i = 0; i < n; ++i) {
+            const AdamRef r = adam_ref(args, p0[i], m0[i], v0[i], value_at(b.grad, i));
+            check_stored("master", i, value_at(b.master, i), r.p, r.tol_p, st.master, bad, exact);
+            check_stored("exp_avg", i, value_at(b.s1, i), r.m, r.tol_m, st.state, bad, exact);
+            check_stored("exp_avg_sq", i, value_at(b.s2, i), r.v, r.tol_v, st.state, bad, exact);
+          }
+          check_param_copy(b.master, b.param, bad);
+          CHECK(bad.count == 0);
+        }
+      }
+    }
+    report_exact("adam_step", st, exact);
+  }
+}
+
+TEST_CASE("optim kernels: lion_step with 16-bit master and states matches a rounded float64 reference", "[kernels]") {
+  const std::uint64_t seed = test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  HostEnv env;
+  for (const Storage st : kStorages16) {
+    ExactCount exact;
+    for (const float weight_decay : {0.0f, 0.1f}) {
+      INFO(storage_name(st) << ", weight_decay " << weight_decay);
+      const std::size_t n = 4097;
+      kernels::LionArgs args;
+      args.lr = 1e-2f;  // a step a bf16 weight of magnitude up to ~2 can take
+      args.weight_decay = weight_decay;
+      args.grad_scale = 1.5f;
+      StepBuffers b(env, n, grad_dtype_for(st), DType::bf16, st.master, st.state);
+      b.init(rng);
+      Shadow shadow(env, b);
+      for (int step = 1; step <= 5; ++step) {
+        INFO("step " << step);
+        b.new_grad(rng);
+        shadow.load(b);
+        const std::vector<float> p0 = snapshot(b.master), m0 = snapshot(b.s1);
+        env.k.lion_step(*env.stream, args, b.master.view(), b.s1.view(), b.grad.cview(), b.param_view());
+        StepBuffers& w = shadow.w;
+        env.k.lion_step(*env.stream, args, w.master.view(), w.s1.view(), w.grad.cview(), BufferView{});
+        env.stream->synchronize();
+        Mismatches bad;
+        check_rounded("master vs the fp32 step", b.master, w.master, bad);
+        check_rounded("exp_avg vs the fp32 step", b.s1, w.s1, bad);
+        for (std::size_t i = 0; i < n; ++i) {
+          const LionRef r = lion_ref(args, p0[i], m0[i], value_at(b.grad, i));
+          const double got = value_at(b.master, i);
+          // The sign the exact direction takes; the fp32 kernel may take another only where sign_allowed says.
+          const double g = value_at(b.grad, i) * args.grad_scale;
+          const double c = args.beta1 * double{m0[i]} + (1 - double{args.beta1}) * g;
+          const int exact_sign = c > 0 ? 2 : (c < 0 ? 0 : 1);
+          bool matched = false;
+          for (int sgn = 0; sgn < 3; ++sgn) {
+            const double want = round_to(r.p_for_sign[sgn], st.master);
+            matched |= r.sign_allowed[sgn] && std::fabs(got - want) <= ulp_of(want, st.master) + r.tol_p;
+          }
+          if (!matched) bad.add("master", i, got, round_to(r.p_for_sign[exact_sign], st.master), r.tol_p);
+          const double want = round_to(r.p_for_sign[exact_sign], st.master);
+          ++exact.compared;
+          if (got == want) ++exact.exact;
+          exact.max_ulps = std::max(exact.max_ulps, std::fabs(got - want) / ulp_of(want, st.master));
+          check_stored("exp_avg", i, value_at(b.s1, i), r.m, r.tol_m, st.state, bad, exact);
+        }
+        check_param_copy(b.master, b.param, bad);
+        CHECK(bad.count == 0);
+      }
+    }
+    report_exact("lion_step", st, exact);
+  }
+}
+
+TEST_CASE("optim kernels: adagrad_step with 16-bit master and states matches a rounded float64 reference",
+          "[kernels]") {
+  const std::uint64_t seed = test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  HostEnv env;
+  for (const Storage st : kStorages16) {
+    ExactCount exact;
+    for (const float weight_decay : {0.0f, 0.01f}) {
+      INFO(storage_name(st) << ", weight_decay " << weight_decay);
+      const std::size_t n = 4097;
+      kernels::AdagradArgs args;
+      args.lr = 1e-2f;
+      args.eps = 1e-10f;
+      args.weight_decay = weight_decay;
+      args.grad_scale = 0.5f;
+      StepBuffers b(env, n, grad_dtype_for(st), DType::f16, st.master, st.state);
+      b.init(rng);
+      Shadow shadow(env, b);
+      for (int step = 1; step <= 5; ++step) {
+        INFO("step " << step);
+        b.new_grad(rng);
+        shadow.load(b);
+        const std::vector<float> p0 = snapshot(b.master), s0 = snapshot(b.s2);
+        env.k.adagrad_step(*env.stream, args, b.master.view(), b.s2.view(), b.grad.cview(), b.param_view());
+        StepBuffers& w = shadow.w;
+        env.k.adagrad_step(*env.stream, args, w.master.view(), w.s2.view(), w.grad.cview(), BufferView{});
+        env.stream->synchronize();
+        Mismatches bad;
+        check_rounded("master vs the fp32 step", b.master, w.master, bad);
+        check_rounded("sum_sq vs the fp32 step", b.s2, w.s2, bad);
+        for (std::size_t i = 0; i < n; ++i) {
+          const AdagradRef r = adagrad_ref(args, p0[i], s0[i], value_at(b.grad, i));
+          check_stored("master", i, value_at(b.master, i), r.p, r.tol_p, st.master, bad, exact);
+          check_stored("sum_sq", i, value_at(b.s2, i), r.s, r.tol_s, st.state, bad, exact);
+        }
+        check_param_copy(b.master, b.param, bad);
+        CHECK(bad.count == 0);
+      }
+    }
+    report_exact("adagrad_step", st, exact);
+  }
+}
+
+TEST_CASE("optim kernels: a bf16 master rounds only what it stores: fp32 states as from an fp32 master", "[kernels]") {
+  // A bf16 master with fp32 states computes the same fp32 states as an fp32 master holding the same
+  // (bf16-representable) weights, and stores that master's new value rounded once.
+  const std::uint64_t seed = test_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  HostEnv env;
+  const std::size_t n = 4097;
+  StepBuffers wide(env, n, DType::bf16, DType::bf16);
+  StepBuffers narrow(env, n, DType::bf16, DType::bf16, DType::bf16, DType::f32);
+  narrow.init(rng);
+  narrow.new_grad(rng);
+  for (std::size_t i = 0; i < n; ++i) static_cast<float*>(wide.master.data())[i] = value_at(narrow.master, i);
+  std::memcpy(wide.s1.data(), narrow.s1.data(), narrow.s1.size_bytes());
+  std::memcpy(wide.s2.data(), narrow.s2.data(), narrow.s2.size_bytes());
+  std::memcpy(wide.grad.data(), narrow.grad.data(), narrow.grad.size_bytes());
+  kernels::AdamArgs args;
+  args.weight_decay = 0.01f;
+  for (StepBuffers* b : {&wide, &narrow})
+    env.k.adam_step(*env.stream, args, b->master.view(), b->s1.view(), b->s2.view(), b->grad.cview(), b->param.view());
+  env.stream->synchronize();
+  CHECK(same_bytes(wide.s1, narrow.s1));
+  CHECK(same_bytes(wide.s2, narrow.s2));
+  Mismatches bad;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float w = static_cast<const float*>(wide.master.data())[i];
+    if (zero3::float_to_bf16(w).bits != static_cast<const std::uint16_t*>(narrow.master.data())[i])
+      bad.add("bf16 master vs rounded fp32 master", i, value_at(narrow.master, i), w, 0.0);
+  }
+  CHECK(bad.count == 0);
+  CHECK(same_bytes(wide.param, narrow.param));  // bf16 param: cast(fp32 master) == cast(bf16 master)
 }
 
 TEST_CASE("optim kernels: AdamW decays the weight from before the update; Adam adds L2 to the gradient", "[kernels]") {
@@ -618,6 +912,19 @@ TEST_CASE("optim kernels: steps are enqueued without blocking and run in stream 
   }
 }
 
+TEST_CASE("optim kernels: the supported storage pairs are those of kernels.hpp's table", "[kernels]") {
+  using kernels::optimizer_storage_supported;
+  for (const DType master : kAllDTypes) {
+    for (const DType state : kAllDTypes) {
+      INFO("master " << zero3::dtype_name(master) << ", state " << zero3::dtype_name(state));
+      const bool want = state == DType::f32 || (state == DType::bf16 && master == DType::bf16);
+      CHECK(optimizer_storage_supported(master, state) == want);
+    }
+  }
+  CHECK_FALSE(optimizer_storage_supported(static_cast<DType>(7), DType::f32));
+  static_assert(optimizer_storage_supported(DType::bf16, DType::bf16), "usable in constant expressions");
+}
+
 TEST_CASE("optim kernels: bad arguments throw UsageError on the calling thread", "[kernels]") {
   HostEnv env;
   const std::size_t n = 8;
@@ -641,11 +948,29 @@ TEST_CASE("optim kernels: bad arguments throw UsageError on the calling thread",
   CHECK_THROWS_AS(k.adam_step(s, adam, p.view(), m.view(), v.view(), g.cview(), low_short.view()), UsageError);
   CHECK_THROWS_AS(k.lion_step(s, lion, p.view(), short_f32.view(), g.cview(), BufferView{}), UsageError);
   CHECK_THROWS_AS(k.adagrad_step(s, adagrad, p.view(), m.view(), short_f32.cview(), low.view()), UsageError);
-  // Master and state must be fp32.
-  CHECK_THROWS_AS(k.adam_step(s, adam, low.view(), m.view(), v.view(), g.cview(), BufferView{}), UsageError);
+  // Storage: master fp32, bf16 or fp16 with fp32 states; bf16 states with a bf16 master only; one dtype for
+  // all states; no fp16 states.
+  Buffer low2 = env.alloc(n, DType::bf16);
+  Buffer low3 = env.alloc(n, DType::bf16);
+  Buffer half = env.alloc(n, DType::f16);
+  Buffer half2 = env.alloc(n, DType::f16);
+  CHECK_NOTHROW(k.adam_step(s, adam, low.view(), m.view(), v.view(), g.cview(), BufferView{}));
+  CHECK_NOTHROW(k.adam_step(s, adam, low.view(), low2.view(), low3.view(), g.cview(), BufferView{}));
+  CHECK_NOTHROW(k.adam_step(s, adam, half.view(), m.view(), v.view(), g.cview(), BufferView{}));
+  CHECK_NOTHROW(k.adagrad_step(s, adagrad, low.view(), m.view(), g.cview(), BufferView{}));
+  CHECK_NOTHROW(k.lion_step(s, lion, low.view(), low2.view(), g.cview(), BufferView{}));
+  s.synchronize();
   CHECK_THROWS_AS(k.adam_step(s, adam, p.view(), m.view(), low.view(), g.cview(), BufferView{}), UsageError);
+  CHECK_THROWS_AS(k.adam_step(s, adam, low.view(), m.view(), low2.view(), g.cview(), BufferView{}), UsageError);
+  CHECK_THROWS_AS(k.adam_step(s, adam, p.view(), low.view(), low2.view(), g.cview(), BufferView{}), UsageError);
   CHECK_THROWS_AS(k.lion_step(s, lion, p.view(), low.view(), g.cview(), BufferView{}), UsageError);
-  CHECK_THROWS_AS(k.adagrad_step(s, adagrad, low.view(), m.view(), g.cview(), BufferView{}), UsageError);
+  CHECK_THROWS_AS(k.lion_step(s, lion, half.view(), low.view(), g.cview(), BufferView{}), UsageError);
+  CHECK_THROWS_AS(k.adagrad_step(s, adagrad, half.view(), half2.view(), g.cview(), BufferView{}), UsageError);
+  CHECK_THROWS_AS(k.adagrad_step(s, adagrad, p.view(), half.view(), g.cview(), BufferView{}), UsageError);
+  CHECK_THROWS_WITH(k.lion_step(s, lion, p.view(), low.view(), g.cview(), BufferView{}),
+                    Catch::Contains("bf16 state only with a bf16 master"));
+  CHECK_THROWS_WITH(k.adam_step(s, adam, low.view(), m.view(), low2.view(), g.cview(), BufferView{}),
+                    Catch::Contains("every state view must have one dtype"));
   // Overlapping views, and a view with elements but no data.
   CHECK_THROWS_AS(k.adam_step(s, adam, p.view(), p.view(), v.view(), g.cview(), BufferView{}), UsageError);
   CHECK_THROWS_AS(k.adagrad_step(s, adagrad, p.view(), m.view(), g.cview(),

@@ -3,7 +3,9 @@
 // step's loads and stores, trivial arithmetic) and with the unfused pass sequence DeepSpeed runs for a 16-bit
 // ZeRO-Offload step (grad norm, unscale + clip, optimizer, cast), all on one thread pool, one tiling and one SIMD
 // path, repeats interleaved; optionally next to torch.optim.AdamW figures from tools/python/torch_adamw.py --json.
-// One size's buffers at a time.
+// With --states naming 16-bit variants (bf16 master, bf16 master and states, fp16 master), their fused steps are
+// timed as well, interleaved with the fp32 one on buffers of their own, and reported beside it in bytes per param
+// and Gparam/s. One size's buffers at a time.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -41,6 +43,7 @@ struct CpuBenchOptions {
   int repeats = 0;  // 0: per size, about kAutoRepeatBudgetS of rounds, kMinAutoRepeats..kMaxAutoRepeats
   bool json = false;
   std::string torch_json;
+  std::vector<std::string> states = {"f32"};
 };
 
 constexpr double kGradClip = 1.0;  // DeepSpeed's gradient_clipping; the bench's gradients stay below it
@@ -95,6 +98,18 @@ BenchOptimizer parse_optimizer(const std::string& name) {
   for (BenchOptimizer o : {BenchOptimizer::adamw, BenchOptimizer::adam, BenchOptimizer::lion, BenchOptimizer::adagrad})
     if (bench_optimizer_name(o) == name) return o;
   throw ConfigError(fmt::format("--optimizer {}: not one of adamw, adam, lion, adagrad", name));
+}
+
+// The --states names, f32 first whether named or not (the variants are reported beside it); each once.
+std::vector<StepStorage> parse_storages(const std::vector<std::string>& names) {
+  std::vector<StepStorage> out = {step_storages().front()};
+  for (const std::string& name : names) {
+    const auto& all = step_storages();
+    const auto it = std::find_if(all.begin(), all.end(), [&](const StepStorage& s) { return s.name == name; });
+    if (it == all.end()) throw ConfigError(fmt::format("--states {}: unknown", name));  // the option's check
+    if (std::none_of(out.begin(), out.end(), [&](const StepStorage& s) { return s.name == name; })) out.push_back(*it);
+  }
+  return out;
 }
 
 // ---- memory -------------------------------------------------------------------------------------------
@@ -183,15 +198,70 @@ float unit_hash(std::uint64_t i, std::uint64_t stream) {
 // denormals); states are small and finite.
 void fill_buffers(offload::CpuThreadPool& pool, const StepBuffers& b) {
   pool.for_tiles(b.count, offload::kCpuStepTileElems, [&](std::size_t begin, std::size_t end) {
-    const StepSpan s = b.span(begin, end);
     float* grad = b.grad.as<float>() + begin;
-    for (std::size_t i = 0; i < s.count; ++i) {
+    float* master = b.master.as<float>() + begin;
+    float* exp_avg = b.exp_avg.as<float>() ? b.exp_avg.as<float>() + begin : nullptr;
+    float* exp_avg_sq = b.exp_avg_sq.as<float>() ? b.exp_avg_sq.as<float>() + begin : nullptr;
+    std::uint16_t* param = b.param.as<std::uint16_t>() + begin;
+    for (std::size_t i = 0; i < end - begin; ++i) {
       const std::uint64_t k = begin + i;
       grad[i] = 1e-5f * unit_hash(k, 1);
-      s.master[i] = 0.05f * unit_hash(k, 2);
-      if (s.exp_avg) s.exp_avg[i] = 1e-6f * unit_hash(k, 3);
-      if (s.exp_avg_sq) s.exp_avg_sq[i] = 1e-10f * (1.0f + unit_hash(k, 4));
-      static_cast<std::uint16_t*>(s.param)[i] = 0;
+      master[i] = 0.05f * unit_hash(k, 2);
+      if (exp_avg) exp_avg[i] = 1e-6f * unit_hash(k, 3);
+      if (exp_avg_sq) exp_avg_sq[i] = 1e-10f * (1.0f + unit_hash(k, 4));
+      param[i] = 0;
+    }
+  });
+}
+
+// The buffers of one storage variant at one size: grad, master, the optimizer's states and the param copy,
+// each in the variant's dtype.
+struct StorageBuffers {
+  StorageBuffers(BenchOptimizer o, const StepStorage& st, std::size_t n)
+      : storage(st),
+        grad(n * size_of(st.grad), "grad"),
+        master(n * size_of(st.master), "master"),
+        exp_avg(uses_exp_avg(o) ? HostArray(n * size_of(st.state), "exp_avg") : HostArray()),
+        exp_avg_sq(uses_exp_avg_sq(o) ? HostArray(n * size_of(st.state), "exp_avg_sq") : HostArray()),
+        param(n * size_of(st.param), "param"),
+        count(n) {}
+
+  StepSpan span(std::size_t begin, std::size_t end) const {
+    auto at = [&](const HostArray& a, DType t) -> void* {
+      return a.as<char>() ? a.as<char>() + begin * size_of(t) : nullptr;
+    };
+    StepSpan s;
+    s.master = at(master, storage.master);
+    s.exp_avg = at(exp_avg, storage.state);
+    s.exp_avg_sq = at(exp_avg_sq, storage.state);
+    s.master_dtype = storage.master;
+    s.state_dtype = storage.state;
+    s.grad = at(grad, storage.grad);
+    s.grad_dtype = storage.grad;
+    s.param = at(param, storage.param);
+    s.param_dtype = storage.param;
+    s.count = end - begin;
+    s.stream_param = count * size_of(storage.param) >= offload::kStreamParamMinBytes;
+    return s;
+  }
+
+  StepStorage storage;
+  HostArray grad, master, exp_avg, exp_avg_sq, param;
+  std::size_t count;
+};
+
+// fill_buffers' values, rounded to the variant's dtypes.
+void fill_storage_buffers(offload::CpuThreadPool& pool, const StorageBuffers& b) {
+  pool.for_tiles(b.count, offload::kCpuStepTileElems, [&](std::size_t begin, std::size_t end) {
+    const StepSpan s = b.span(begin, end);
+    void* grad = b.grad.as<char>() + begin * size_of(s.grad_dtype);
+    for (std::size_t i = 0; i < s.count; ++i) {
+      const std::uint64_t k = begin + i;
+      store_from_float(grad, s.grad_dtype, i, 1e-5f * unit_hash(k, 1));
+      store_from_float(s.master, s.master_dtype, i, 0.05f * unit_hash(k, 2));
+      if (s.exp_avg) store_from_float(s.exp_avg, s.state_dtype, i, 1e-6f * unit_hash(k, 3));
+      if (s.exp_avg_sq) store_from_float(s.exp_avg_sq, s.state_dtype, i, 1e-10f * (1.0f + unit_hash(k, 4)));
+      store_from_float(s.param, s.param_dtype, i, 0.0f);
     }
   });
 }
@@ -336,6 +406,55 @@ class PathRunner {
   static inline volatile float zero_ = 0.0f;
 };
 
+// One storage variant's fused step at one size: best time of the repeats.
+struct StorageResult {
+  StepStorage storage;
+  double fused_s = std::numeric_limits<double>::infinity();
+  std::optional<double> torch_gparams;
+  std::string torch_variant;
+};
+
+std::uint64_t storage_buffer_bytes(BenchOptimizer o, const std::vector<StepStorage>& storages, std::size_t n) {
+  std::uint64_t bytes = 0;
+  for (const StepStorage& st : storages) {
+    const BytesPerParam b = fused_bytes(o, st);
+    bytes += std::uint64_t{n} * (b.loaded + size_of(st.param));  // every stream loaded, plus the param copy
+  }
+  return bytes;
+}
+
+// The fused step of every storage variant (f32 first) on buffers of its own, all allocated together so that
+// the repeats interleave, the order rotating as run_size's does. Its f32 row is the baseline the variants are
+// compared with: timed in the same rounds, unlike run_size's.
+std::vector<StorageResult> run_storages(offload::CpuThreadPool& pool, SimdPath path, BenchOptimizer o, std::size_t n,
+                                        const std::vector<StepStorage>& storages, int repeats, float grad_scale) {
+  std::vector<std::unique_ptr<StorageBuffers>> buffers;
+  std::vector<std::int64_t> steps(storages.size(), 0);
+  std::vector<StorageResult> results;
+  for (const StepStorage& st : storages) {
+    buffers.push_back(std::make_unique<StorageBuffers>(o, st, n));
+    fill_storage_buffers(pool, *buffers.back());
+    results.push_back({st, std::numeric_limits<double>::infinity(), std::nullopt, ""});
+  }
+  const StepArgs args = step_args(o);
+  auto fused = [&](std::size_t k) {
+    const std::int64_t step = ++steps[k];
+    const auto t0 = Clock::now();
+    pool.for_tiles(n, offload::kCpuStepTileElems, [&](std::size_t begin, std::size_t end) {
+      optimizer_range(path, o, args, step, grad_scale, buffers[k]->span(begin, end));
+    });
+    return seconds_since(t0);
+  };
+  for (std::size_t k = 0; k < storages.size(); ++k) fused(k);  // untimed: page faults, frequency ramp
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (std::size_t j = 0; j < storages.size(); ++j) {
+      const std::size_t k = (static_cast<std::size_t>(rep) + j) % storages.size();
+      results[k].fused_s = std::min(results[k].fused_s, fused(k));
+    }
+  }
+  return results;
+}
+
 // ---- one size -----------------------------------------------------------------------------------------
 
 struct SizeResult {
@@ -345,6 +464,8 @@ struct SizeResult {
   UnfusedTimes unfused;  // the repeat with the best total
   std::optional<double> torch_gparams;
   std::string torch_variant;
+  std::vector<StorageResult> storages;  // with --states naming 16-bit variants: f32 first, then those
+  std::string storages_skipped;         // why they were not run at this size, if they were not
 };
 
 SizeResult run_size(offload::CpuThreadPool& pool, SimdPath path, BenchOptimizer o, std::size_t n, int repeats) {
@@ -407,8 +528,11 @@ struct TorchFigure {
   int threads = 0;
 };
 
-// The fastest variant per size from tools/python/torch_adamw.py --json.
-std::map<std::size_t, TorchFigure> read_torch_json(const std::string& path) {
+// The fastest variant per parameter dtype ("fp32" when the entry names none) and size, from
+// tools/python/torch_adamw.py --json.
+using TorchFigures = std::map<std::pair<std::string, std::size_t>, TorchFigure>;
+
+TorchFigures read_torch_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError(fmt::format("--torch-json {}: cannot open the file", path));
   nlohmann::json doc;
@@ -419,7 +543,7 @@ std::map<std::size_t, TorchFigure> read_torch_json(const std::string& path) {
   }
   if (!doc.is_object() || !doc.contains("results") || !doc["results"].is_array())
     throw ConfigError(fmt::format("--torch-json {}: expected an object with a \"results\" array", path));
-  std::map<std::size_t, TorchFigure> best;
+  TorchFigures best;
   for (std::size_t i = 0; i < doc["results"].size(); ++i) {
     const nlohmann::json& e = doc["results"][i];
     if (!e.is_object() || !e.contains("params") || !e["params"].is_number_unsigned() ||
@@ -430,9 +554,10 @@ std::map<std::size_t, TorchFigure> read_torch_json(const std::string& path) {
     f.gparams_per_s = e["torch_gparams_per_s"].get<double>();
     f.variant = e.value("variant", std::string("torch"));
     f.threads = e.value("threads", 0);
-    const auto n = e["params"].get<std::size_t>();
-    auto it = best.find(n);
-    if (it == best.end() || it->second.gparams_per_s < f.gparams_per_s) best[n] = f;
+    const std::pair<std::string, std::size_t> key{e.value("dtype", std::string("fp32")),
+                                                  e["params"].get<std::size_t>()};
+    auto it = best.find(key);
+    if (it == best.end() || it->second.gparams_per_s < f.gparams_per_s) best[key] = f;
   }
   return best;
 }
@@ -461,6 +586,72 @@ struct Skipped {
   std::size_t params;
   std::string reason;
 };
+
+// The figures of one storage variant: its bytes per param, fused time, GB/s and Gparam/s, and its speed
+// over the f32 step of the same rounds (the first).
+struct StorageDerived {
+  BytesPerParam bytes;
+  double gbps, gparams, over_f32;
+};
+
+StorageDerived derive_storage(const SizeResult& r, const StorageResult& sr, BenchOptimizer o) {
+  const double n = static_cast<double>(r.params);
+  const BytesPerParam b = fused_bytes(o, sr.storage);
+  return {b, static_cast<double>(b.total()) * n / sr.fused_s / 1e9, n / sr.fused_s / 1e9,
+          r.storages.front().fused_s / sr.fused_s};
+}
+
+nlohmann::ordered_json storages_json(const SizeResult& r, BenchOptimizer o) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const StorageResult& sr : r.storages) {
+    const StorageDerived d = derive_storage(r, sr, o);
+    nlohmann::ordered_json e;
+    e["states"] = std::string(sr.storage.name);
+    e["master"] = std::string(dtype_name(sr.storage.master));
+    e["state"] = std::string(dtype_name(sr.storage.state));
+    e["grad"] = std::string(dtype_name(sr.storage.grad));
+    e["param"] = std::string(dtype_name(sr.storage.param));
+    e["bytes_per_param"] = d.bytes.total();
+    e["fused_ms"] = sr.fused_s * 1e3;
+    e["fused_gbps"] = d.gbps;
+    e["fused_gparams_per_s"] = d.gparams;
+    e["over_f32"] = d.over_f32;
+    if (sr.torch_gparams) {
+      e["torch_gparams_per_s"] = *sr.torch_gparams;
+      e["torch_variant"] = sr.torch_variant;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+// The storage variants' table, when any size ran them.
+void print_storages_table(const std::vector<SizeResult>& results, BenchOptimizer o) {
+  if (std::none_of(results.begin(), results.end(),
+                   [](const SizeResult& r) { return !r.storages.empty() || !r.storages_skipped.empty(); }))
+    return;
+  fmt::print(
+      "\nstorage variants: the fused step alone, each on buffers of its own, repeats interleaved with the f32 "
+      "row's\n");
+  fmt::print("{:>8} {:<19} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9} {:>8} {:>8} {:>7} {:>8}  {}\n", "params", "states",
+             "master", "state", "grad", "param", "B/param", "fused ms", "GB/s", "Gpar/s", "vs f32", "torch",
+             "torch variant");
+  for (const SizeResult& r : results) {
+    if (!r.storages_skipped.empty()) fmt::print("{:>8} skipped: {}\n", count_label(r.params), r.storages_skipped);
+    for (const StorageResult& sr : r.storages) {
+      const StorageDerived d = derive_storage(r, sr, o);
+      std::string line = fmt::format(
+          "{:>8} {:<19} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9.2f} {:>8.2f} {:>8.3f} {:>7.2f}", count_label(r.params),
+          sr.storage.name, dtype_name(sr.storage.master), dtype_name(sr.storage.state), dtype_name(sr.storage.grad),
+          dtype_name(sr.storage.param), d.bytes.total(), sr.fused_s * 1e3, d.gbps, d.gparams, d.over_f32);
+      if (sr.torch_gparams) line += fmt::format(" {:>8.3f}  {}", *sr.torch_gparams, sr.torch_variant);
+      fmt::print("{}\n", line);
+    }
+  }
+  fmt::print(
+      "  B/param: the fused step's loads and stores for that storage; vs f32 = f32 fused time / this fused time;\n"
+      "  torch: torch.optim.AdamW on bf16 params (bf16 moments), from tools/python/torch_adamw.py --dtype bf16\n");
+}
 
 void print_json(const std::vector<SizeResult>& results, const std::vector<Skipped>& skipped, BenchOptimizer o,
                 SimdPath path, int threads) {
@@ -500,6 +691,8 @@ void print_json(const std::vector<SizeResult>& results, const std::vector<Skippe
       e["torch_variant"] = r.torch_variant;
       e["fused_over_torch"] = d.fused_gparams / *r.torch_gparams;
     }
+    if (!r.storages.empty()) e["storage_variants"] = storages_json(r, o);
+    if (!r.storages_skipped.empty()) e["storage_variants_skipped"] = r.storages_skipped;
     doc["results"].push_back(e);
   }
   if (!skipped.empty()) {
@@ -550,6 +743,7 @@ void print_table(const std::vector<SizeResult>& results, const std::vector<Skipp
     fmt::print("{}\n", line);
   }
   for (const Skipped& s : skipped) fmt::print("{:>8} skipped: {}\n", count_label(s.params), s.reason);
+  print_storages_table(results, o);
   fmt::print("\ntimes (ms, best of the repeats):\n");
   for (const SizeResult& r : results) {
     fmt::print(
@@ -579,6 +773,34 @@ void print_table(const std::vector<SizeResult>& results, const std::vector<Skipp
         "ratio of Gpar/s\n");
 }
 
+// The storage variants at r's size, after run_size has freed its buffers, with run_size's repeat count;
+// torch's bf16 figure goes beside bf16-master-states (torch.optim.AdamW on bf16 params keeps bf16 moments).
+void run_size_storages(offload::CpuThreadPool& pool, SimdPath path, BenchOptimizer o,
+                       const std::vector<StepStorage>& storages, const TorchFigures& torch, SizeResult& r) {
+  const std::size_t n = r.params;
+  const std::uint64_t need = storage_buffer_bytes(o, storages, n);
+  if (const auto avail = offload::read_allocatable_bytes()) {
+    const std::uint64_t margin = memory_margin(*avail);
+    if (need + margin > *avail) {
+      constexpr double kGiB = double(std::uint64_t{1} << 30);
+      r.storages_skipped = fmt::format(
+          "the storage variants need {:.1f} GiB of buffers; {:.1f} GiB available, "
+          "less a {:.1f} GiB margin",
+          double(need) / kGiB, double(*avail) / kGiB, double(margin) / kGiB);
+      fmt::print(stderr, "zero3-bench cpu-optimizer: {} params: {}\n", count_label(n), r.storages_skipped);
+      return;
+    }
+  }
+  r.storages = run_storages(pool, path, o, n, storages, r.repeats, 1.0f);
+  for (StorageResult& sr : r.storages) {
+    if (sr.storage.name != "bf16-master-states") continue;
+    if (auto it = torch.find({"bf16", n}); it != torch.end()) {
+      sr.torch_gparams = it->second.gparams_per_s;
+      sr.torch_variant = it->second.variant;
+    }
+  }
+}
+
 void run_cpu_optimizer_bench(const CpuBenchOptions& opt) {
   const BenchOptimizer o = parse_optimizer(opt.optimizer);
   std::vector<std::size_t> sizes;
@@ -587,7 +809,8 @@ void run_cpu_optimizer_bench(const CpuBenchOptions& opt) {
   } else {
     for (const std::string& p : opt.params) sizes.push_back(*parse_count(p));  // validated by the option's check
   }
-  std::map<std::size_t, TorchFigure> torch;
+  const std::vector<StepStorage> storages = parse_storages(opt.states);
+  TorchFigures torch;
   const bool with_torch = !opt.torch_json.empty();
   if (with_torch) {
     torch = read_torch_json(opt.torch_json);
@@ -614,13 +837,14 @@ void run_cpu_optimizer_bench(const CpuBenchOptions& opt) {
       }
     }
     SizeResult r = run_size(pool, path, o, n, opt.repeats);
-    if (auto it = torch.find(n); it != torch.end()) {
+    if (auto it = torch.find({"fp32", n}); it != torch.end()) {
       r.torch_gparams = it->second.gparams_per_s;
       r.torch_variant = it->second.variant;
       if (it->second.threads != 0 && it->second.threads != pool.threads())
         fmt::print(stderr, "note: torch ran {} params on {} threads, zero3 on {}\n", count_label(n), it->second.threads,
                    pool.threads());
     }
+    if (storages.size() > 1) run_size_storages(pool, path, o, storages, torch, r);
     results.push_back(std::move(r));
   }
   if (opt.json) {
@@ -658,6 +882,23 @@ void add_bench_cpu_optimizer_command(CLI::App& app) {
   bench::add_json_flag(*cmd, opt->json);
   cmd->add_option("--torch-json", opt->torch_json,
                   "Merge torch.optim.AdamW figures from tools/python/torch_adamw.py --json into the table");
+  cmd->add_option("--states", opt->states,
+                  "Storage variants of the fused step to time beside the fp32 one, comma-separated: f32, "
+                  "bf16-master (bf16 grad and master, fp32 states), bf16-master-states (all bf16), fp16-master "
+                  "(fp16 grad, master and param, fp32 states); bf16 states need a bf16 master")
+      ->capture_default_str()
+      ->delimiter(',')
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            for (const StepStorage& st : step_storages())
+              if (st.name == s) return std::string();
+            if (s == "bf16-states")
+              return std::string(
+                  "bf16 states need a bf16 master, as DeepSpeed's bf16_optimizer_states needs "
+                  "bf16_master_weights_and_grads: use bf16-master-states");
+            return std::string("not one of f32, bf16-master, bf16-master-states, fp16-master");
+          },
+          "STATES"));
   cmd->callback([opt] { run_cpu_optimizer_bench(*opt); });
 }
 

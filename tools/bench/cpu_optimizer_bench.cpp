@@ -50,6 +50,22 @@ BytesPerParam fused_bytes(BenchOptimizer o) {
   return {4 + 4 + 4 * states, 4 + 4 * states + 2};
 }
 
+const std::vector<StepStorage>& step_storages() {
+  static const std::vector<StepStorage> storages = {
+      {"f32", DType::f32, DType::f32, DType::f32, DType::bf16},
+      {"bf16-master", DType::bf16, DType::f32, DType::bf16, DType::bf16},
+      {"bf16-master-states", DType::bf16, DType::bf16, DType::bf16, DType::bf16},
+      {"fp16-master", DType::f16, DType::f32, DType::f16, DType::f16},
+  };
+  return storages;
+}
+
+BytesPerParam fused_bytes(BenchOptimizer o, const StepStorage& s) {
+  const std::size_t states = (uses_exp_avg(o) ? 1 : 0) + (uses_exp_avg_sq(o) ? 1 : 0);
+  const std::size_t state_bytes = states * size_of(s.state);
+  return {size_of(s.grad) + size_of(s.master) + state_bytes, size_of(s.master) + state_bytes + size_of(s.param)};
+}
+
 BytesPerParam unfused_bytes(BenchOptimizer o) {
   const BytesPerParam f = fused_bytes(o);
   BytesPerParam b;
@@ -272,7 +288,8 @@ void bound_dispatch(offload::SimdPath path, const BoundPtrs& b, std::size_t n, f
 }  // namespace
 
 void bound_range(offload::SimdPath path, BenchOptimizer o, const offload::StepSpan& span, float zero) {
-  const BoundPtrs b{static_cast<const float*>(span.grad), span.master, span.exp_avg, span.exp_avg_sq,
+  const BoundPtrs b{static_cast<const float*>(span.grad), static_cast<float*>(span.master),
+                    static_cast<float*>(span.exp_avg), static_cast<float*>(span.exp_avg_sq),
                     static_cast<std::uint16_t*>(span.param)};
   const bool m = uses_exp_avg(o);
   const bool v = uses_exp_avg_sq(o);

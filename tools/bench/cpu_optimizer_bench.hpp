@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
+#include "zero3/core/dtype.hpp"
 #include "zero3/offload/cpu_optimizer.hpp"
 
 namespace zero3::tools {
@@ -30,6 +32,19 @@ struct BytesPerParam {
 // The fused step with fp32 grad and bf16 param out, e.g. AdamW: load grad, master, m, v (16 B);
 // store master, m, v, bf16 param (14 B).
 BytesPerParam fused_bytes(BenchOptimizer o);
+// The storage of a fused step's streams, for the 16-bit optimizer-state variants
+// (bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states, fp16.fp16_master_weights_and_grads):
+// with a 16-bit master the gradient accumulator is 16-bit too, as DeepSpeed keeps "master weights and
+// grads" in that dtype.
+struct StepStorage {
+  std::string_view name;  // the --states spelling
+  DType master, state, grad, param;
+};
+// f32 (the default step: fp32 grad, master and states, bf16 param), bf16-master (bf16 grad and master, fp32
+// states), bf16-master-states (all bf16), fp16-master (fp16 grad, master and param, fp32 states).
+const std::vector<StepStorage>& step_storages();
+// The fused step's loads (grad, master, states) and stores (master, states, param) for that storage.
+BytesPerParam fused_bytes(BenchOptimizer o, const StepStorage& s);
 // The four unfused passes together: norm (load grad), unscale + clip (load and store grad), the optimizer
 // alone (the fused step's streams less the bf16 param) and the cast (load master, store bf16 param).
 BytesPerParam unfused_bytes(BenchOptimizer o);

@@ -3,9 +3,12 @@
 
 One flat fp32 parameter (what a ZeRO-Offload sub-group is) with an fp32 gradient; no 16-bit copy. Variants:
 "default" (what torch picks for CPU tensors), "foreach" (foreach=True) and "fused" (fused=True, where this
-torch supports it on CPU). Reports the best of --repeats steps per variant, after one untimed step.
-With --json prints {"results": [{"params", "threads", "torch_gparams_per_s", "variant"}, ...]}, which
-`zero3-bench cpu-optimizer --torch-json FILE` merges into its table.
+torch supports it on CPU for the dtype). Reports the best of --repeats steps per variant, after one untimed step.
+--dtype bf16 times a bf16 parameter and gradient instead: torch keeps the moments in the parameter's dtype, so
+that is the counterpart of zero3's bf16 master weights with bf16 optimizer states (`--states bf16-master-states`).
+With --json prints {"results": [{"params", "threads", "torch_gparams_per_s", "variant", "dtype"}, ...]}, which
+`zero3-bench cpu-optimizer --torch-json FILE` merges into its table (fp32 entries) and its storage variants
+(bf16 entries).
 """
 
 import argparse
@@ -55,6 +58,8 @@ def main():
                     help="comma-separated parameter counts (100003, 10M, 1B); default 10M,100M,1B")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 = every core of the process")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps per variant; the best is reported")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="parameter, gradient and moment dtype (torch keeps moments in the parameter's dtype)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args()
 
@@ -72,19 +77,20 @@ def main():
     threads = args.threads if args.threads > 0 else len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
 
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     variants = [("default", {}), ("foreach", {"foreach": True})]
     try:
-        probe = torch.zeros(16, requires_grad=True)
-        probe.grad = torch.zeros(16)
+        probe = torch.zeros(16, dtype=dtype, requires_grad=True)
+        probe.grad = torch.zeros(16, dtype=dtype)
         torch.optim.AdamW([probe], fused=True).step()
         variants.append(("fused", {"fused": True}))
     except (RuntimeError, TypeError, ValueError) as e:
-        print(f"note: torch {torch.__version__} has no fused AdamW on CPU ({e})", file=sys.stderr)
+        print(f"note: torch {torch.__version__} has no fused AdamW on CPU for {args.dtype} ({e})", file=sys.stderr)
 
     results, skipped = [], []
     for n in args.params:
         # param, grad, exp_avg, exp_avg_sq, plus the temporaries of the unfused step (about two tensors).
-        need = n * 4 * 6
+        need = n * dtype.itemsize * 6
         avail = available_bytes()
         if avail is not None and need + max(1 << 30, avail // 10) > avail:
             reason = f"needs about {need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available"
@@ -92,8 +98,8 @@ def main():
             skipped.append({"params": n, "reason": reason})
             continue
         for name, kwargs in variants:
-            p = torch.empty(n, dtype=torch.float32).uniform_(-0.05, 0.05).requires_grad_()
-            p.grad = torch.empty(n, dtype=torch.float32).uniform_(-1e-5, 1e-5)
+            p = torch.empty(n, dtype=dtype).uniform_(-0.05, 0.05).requires_grad_()
+            p.grad = torch.empty(n, dtype=dtype).uniform_(-1e-5, 1e-5)
             opt = torch.optim.AdamW([p], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, **kwargs)
             with torch.no_grad():
                 opt.step()  # allocates the moments
@@ -103,7 +109,7 @@ def main():
                     opt.step()
                     best = min(best, time.perf_counter() - t0)
             results.append({"params": n, "threads": threads, "torch_gparams_per_s": n / best / 1e9,
-                            "variant": name, "step_ms": best * 1e3})
+                            "variant": name, "step_ms": best * 1e3, "dtype": args.dtype})
             del opt, p
             gc.collect()
 
@@ -113,7 +119,8 @@ def main():
             doc["skipped"] = skipped
         print(json.dumps(doc))
         return 0
-    print(f"torch {torch.__version__} AdamW, fp32 param and grad, {threads} threads, best of {args.repeats} steps")
+    print(f"torch {torch.__version__} AdamW, {args.dtype} param, grad and moments, {threads} threads, "
+          f"best of {args.repeats} steps")
     print(f"{'params':>8} {'threads':>7} {'variant':>8} {'step ms':>10} {'Gparam/s':>9}")
     for r in results:
         print(f"{label(r['params']):>8} {r['threads']:>7} {r['variant']:>8} {r['step_ms']:>10.2f} "

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "zero3/core/buffer_view.hpp"
+#include "zero3/core/dtype.hpp"
 #include "zero3/core/stream.hpp"
 
 namespace zero3::kernels {
@@ -39,6 +40,29 @@ struct AdagradArgs {
   float grad_scale = 1.0f;
 };
 
+// The storage of a fused optimizer step: the master weights in `master`, every optimizer state (Adam's
+// exp_avg and exp_avg_sq, Lion's exp_avg, Adagrad's sum of squares) in `state`. Four combinations:
+//   master fp32, state fp32: mixed precision as usual;
+//   master bf16, state fp32: DeepSpeed's bf16.bf16_master_weights_and_grads alone;
+//   master bf16, state bf16: with bf16.bf16_optimizer_states as well;
+//   master fp16, state fp32: DeepSpeed's fp16.fp16_master_weights_and_grads (its CPU Adam keeps the
+//                            moments in fp32 for fp16 params).
+// bf16 state requires a bf16 master, as DeepSpeed's bf16_optimizer_states requires bf16_master_weights_and_grads:
+// a state narrower than the weights it updates saves little next to them and costs the moments their
+// precision. fp16 state is never allowed: exp_avg_sq holds squared gradients, which leave fp16's range.
+//
+// The rounding rule of every combination, on every backend: each stored element is loaded and widened to
+// fp32 (exactly), the update is computed in fp32 exactly as with fp32 storage (optim_math.hpp: the same
+// operations in the same order, no FMA contraction), and each result is rounded once to its storage dtype,
+// to nearest with ties to even (zero3/core/dtype.hpp's float_to_bf16 / float_to_fp16: Inf stays Inf,
+// overflow goes to Inf, NaN stays NaN). With fp32 storage nothing is rounded: the results are those of
+// the fp32-only kernels bit for bit. The low-precision param copy is the new master as stored (already
+// rounded to the master's dtype) converted to the param's dtype, so param == cast(master) after every step.
+constexpr bool optimizer_storage_supported(DType master, DType state) {
+  if (state == DType::f32) return master == DType::f32 || master == DType::bf16 || master == DType::f16;
+  return state == DType::bf16 && master == DType::bf16;
+}
+
 class KernelBackend {
  public:
   virtual ~KernelBackend() = default;
@@ -58,11 +82,13 @@ class KernelBackend {
   // accumulator's update after each reduce-scatter.
   virtual void accumulate(Stream& stream, BufferView dst, ConstBufferView src, float alpha) const = 0;
 
-  // ---- fused optimizer steps: one pass per element reads the fp32 gradient, scales it by
-  // args.grad_scale (unscale and clip folded in), updates the fp32 master weights and the optimizer state
+  // ---- fused optimizer steps: one pass per element reads the gradient (any dtype, read as fp32), scales
+  // it by args.grad_scale (unscale and clip folded in), updates the master weights and the optimizer state
   // in place, and writes the new low-precision copy of the weights into `param` (skipped when param is
-  // empty, or converted to param's dtype otherwise). All views have the same count; master and state are
-  // fp32. Formulas are DeepSpeed's CPU optimizers' (csrc/adam/cpu_adam_impl.cpp, csrc/lion/cpu_lion_impl.cpp,
+  // empty, or converted to param's dtype otherwise). All views have the same count. Master and state may
+  // be 16-bit: each view's dtype says how it is stored; every state view has one dtype, and the pair
+  // (master.dtype, state dtype) must satisfy optimizer_storage_supported (above, with the rounding rule).
+  // Formulas are DeepSpeed's CPU optimizers' (csrc/adam/cpu_adam_impl.cpp, csrc/lion/cpu_lion_impl.cpp,
   // csrc/adagrad/cpu_adagrad.cpp in the DeepSpeed repository) and are spelled out in docs/kernels.md.
   virtual void adam_step(Stream& stream, const AdamArgs& args, BufferView master, BufferView exp_avg,
                          BufferView exp_avg_sq, ConstBufferView grad, BufferView param) const = 0;

@@ -1,8 +1,10 @@
 // The CPU side of optimizer offload: fused optimizer steps and gradient accumulation over host memory,
 // vectorized with AVX-512, AVX2 or scalar code chosen at run time, and a thread pool that runs them over
 // cache-sized tiles. The per-element arithmetic is kernels/math/optim_math.hpp's, in the same order and without
-// FMA contraction, so every path gives the same bits as the scalar path and as the device kernels (where
-// two different NaNs meet in one operation, which one comes out is unspecified: the result is a NaN).
+// FMA contraction, and 16-bit master weights and states are rounded by zero3/core/dtype.hpp's round to nearest
+// even (kernels/kernels.hpp's rule), so every path gives the same bits as the scalar path and as the host
+// device's kernels (where two different NaNs meet in one operation, which one comes out is unspecified: the
+// result is a NaN).
 // The range functions are single-threaded and reentrant; CpuThreadPool may be used from one thread at a time.
 #pragma once
 
@@ -26,14 +28,18 @@ bool simd_path_supported(SimdPath path);
 // for a narrower one (asking for an unsupported one is an Error naming the variable and the CPU).
 SimdPath best_simd_path();
 
-// The views of one fused step over n elements. master and the state pointers are fp32; grad is n elements
-// of grad_dtype (f32, bf16 or f16); param (may be null) receives the new weights in param_dtype.
-// exp_avg / exp_avg_sq are ignored by the optimizers that keep no such state (Adagrad keeps its sum of
-// squared gradients in exp_avg_sq; Lion only exp_avg).
+// The views of one fused step over n elements. master holds n elements of master_dtype and each state
+// pointer n elements of state_dtype, a pair that kernels::optimizer_storage_supported allows (fp32 master and
+// state; bf16 master with fp32 or bf16 state; fp16 master with fp32 state), stored and rounded by that
+// header's rule: widened to fp32, updated in fp32 exactly as with fp32 storage, rounded to nearest even
+// back to the storage dtype. grad is n elements of grad_dtype (f32, bf16 or f16); param (may be null)
+// receives the new weights, as stored in master, converted to param_dtype. exp_avg / exp_avg_sq are
+// ignored by the optimizers that keep no such state (Adagrad keeps its sum of squared gradients in
+// exp_avg_sq; Lion only exp_avg). A float* converts to the void* fields, so fp32 callers set them as before.
 struct StepSpan {
-  float* master = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  void* master = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
   const void* grad = nullptr;
   DType grad_dtype = DType::f32;
   void* param = nullptr;
@@ -45,6 +51,11 @@ struct StepSpan {
   // device, the next gather) finds them in memory anyway: set it when the whole step's copy is at least
   // kStreamParamMinBytes. The values written are the same either way.
   bool stream_param = false;
+  // The storage of master and of the states (bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states,
+  // fp16.fp16_master_weights_and_grads). Last, so that positional initializers of the fields above still
+  // compile.
+  DType master_dtype = DType::f32;
+  DType state_dtype = DType::f32;
 };
 
 // The size of a step's 16-bit copy from which StepSpan::stream_param pays: more than a core's L2 and a
