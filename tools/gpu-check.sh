@@ -17,7 +17,7 @@ deps=$root/.deps-gpu
 # Headers and libraries needed to build and link, plus the runtime libraries Open MPI loads.
 packages=(
   libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 nlohmann-json3-dev catch2 libcli11-dev libfmt-dev libfmt9
-  libxxhash-dev libxxhash0 libhwloc-dev libhwloc15 libnuma1 libltdl7 libpciaccess0 libudev1
+  libxxhash-dev libxxhash0 libhwloc-dev libhwloc15 libnuma1 libltdl7 libpciaccess0 libudev1 liburing-dev liburing2
   libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libevent-core-2.1-7 libevent-pthreads-2.1-7
   libevent-2.1-7 libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200
   libnl-route-3-200 libmunge2

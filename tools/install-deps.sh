@@ -10,6 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libcli11-dev libfmt-dev libxxhash-dev libopenblas-dev
   libdnnl-dev  # runtime/models: bf16 (and fp32) matrix products of the host models (optional: ZERO3_WITH_ONEDNN)
+  liburing-dev  # offload/aio.cpp: io_uring for the NVMe offload's direct file I/O
   gnuplot-nox  # zero3 mem report: the PNG plots of a profiled run
 )
 

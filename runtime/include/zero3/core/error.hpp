@@ -34,6 +34,11 @@ class OutOfMemory : public Error {
 class CheckpointError : public Error {
   using Error::Error;
 };
+// A file of the NVMe offload (zero_optimization.offload_*.nvme_path) could not be created, sized, read or
+// written: the message names the file, the byte offset and the system's reason or the short count.
+class IoError : public Error {
+  using Error::Error;
+};
 // Training cannot go on: non-finite gradients or loss under zero3.nonfinite's abort policy or past its
 // max_consecutive, a non-finite held-out loss at the end of a run, or loss spikes past zero3.spike's limit.
 class NonFiniteError : public Error {
