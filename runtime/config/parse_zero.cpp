@@ -1,8 +1,8 @@
 // zero_optimization (with offload_param / offload_optimizer and the deprecated spellings) and aio: DeepSpeed's
 // https://www.deepspeed.ai/docs/config-json/ ("ZeRO Optimizations for FP16 Training", "Parameter offloading",
 // "Optimizer offloading", "Asynchronous I/O") and deepspeed/runtime/zero/config.py, offload_config.py. zero3
-// runs stage 3 with CPU offload; NVMe, ZeRO++, MiCS, ZenFlow and the other stage-3 variants are accepted and
-// reported as not implemented when switched on.
+// runs stage 3 with CPU offload and NVMe offload of the optimizer; NVMe offload of params, ZeRO++, MiCS, ZenFlow and
+// the other stage-3 variants are accepted and reported as not implemented when switched on.
 #include <fmt/format.h>
 
 #include "parse_blocks.hpp"
@@ -25,8 +25,8 @@ void parse_offload(ObjectReader& zr, Context& cx, std::string_view key, OffloadC
   r.get_bool("pin_memory", o.pin_memory);
   r.get_int("buffer_count", o.buffer_count);
   if (optimizer) {
-    o.pipeline_read = r.not_implemented_if_true("pipeline_read", "pipelined NVMe reads are not implemented");
-    o.pipeline_write = r.not_implemented_if_true("pipeline_write", "pipelined NVMe writes are not implemented");
+    r.get_bool("pipeline_read", o.pipeline_read);
+    r.get_bool("pipeline_write", o.pipeline_write);
     r.get_bool("fast_init", o.fast_init);
     r.get_number("ratio", o.ratio);
     o.super_offload = r.not_implemented_if_true("super_offload", "SuperOffload is not implemented");
@@ -37,7 +37,16 @@ void parse_offload(ObjectReader& zr, Context& cx, std::string_view key, OffloadC
   }
   if (o.device == OffloadDevice::nvme) {
     if (!o.nvme_path || o.nvme_path->empty()) r.error("nvme_path", "required when device is \"nvme\"");
-    r.not_implemented("device", "NVMe offload is not implemented (zero3 offloads to CPU memory)");
+    if (!optimizer)
+      r.not_implemented("device", "NVMe offload of params is not implemented (offload_param: use \"cpu\")");
+    if (optimizer && !(o.pipeline_read && o.pipeline_write)) {
+      r.sink().lint(r.path_of("device"),
+                    "NVMe offload with pipeline_read or pipeline_write false (DeepSpeed's default): the step waits "
+                    "for each slice's read or write; set both true to overlap the disk with the CPU step");
+    }
+  } else if (optimizer && (o.pipeline_read || o.pipeline_write)) {
+    r.sink().lint(r.path_of(o.pipeline_read ? "pipeline_read" : "pipeline_write"),
+                  "ignored: pipelining applies to device \"nvme\" only");
   }
   r.finish();
 }

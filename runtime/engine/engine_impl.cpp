@@ -8,18 +8,22 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <unordered_set>
 #include <utility>
 
 #include "init.hpp"
+#include "nvme_optimizer.hpp"
 #include "offload_optimizer.hpp"
 #include "zero3/comm/communicator_factory.hpp"
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/device/device_factory.hpp"
+#include "zero3/offload/aio.hpp"
 #include "zero3/offload/pinned_budget.hpp"
 
 namespace zero3 {
@@ -40,13 +44,24 @@ void check_config(const config::Config& config, const comm::World& world) {
         "optimizer: the zero3 engine needs an optimizer block (type Adam, AdamW, Lion or Adagrad); ZeRO-3 inference "
         "without an optimizer is not implemented");
   }
-  const auto offload = [](std::string_view key, OffloadDevice d) {
-    if (d != OffloadDevice::nvme) return;
+  if (config.zero.offload_param.device == OffloadDevice::nvme) {
+    throw ConfigError(
+        "zero_optimization.offload_param.device: \"nvme\" is not implemented (NVMe offload of params); use "
+        "\"cpu\" or \"none\"");
+  }
+  if (config.zero.offload_optimizer.device == OffloadDevice::nvme &&
+      config.aio.block_size % static_cast<std::int64_t>(offload::kDirectAlign) != 0) {
+    throw ConfigError(
+        fmt::format("aio.block_size: {} bytes; NVMe offload reads and writes with O_DIRECT in requests "
+                    "of whole {}-byte blocks: use a multiple of {}",
+                    config.aio.block_size, offload::kDirectAlign, offload::kDirectAlign));
+  }
+  if (config.zero.offload_optimizer.device == OffloadDevice::nvme && config.zero.offload_optimizer.ratio < 1.0) {
     throw ConfigError(fmt::format(
-        "zero_optimization.{}.device: \"nvme\" is not implemented (NVMe offload); use \"cpu\" or \"none\"", key));
-  };
-  offload("offload_optimizer", config.zero.offload_optimizer.device);
-  offload("offload_param", config.zero.offload_param.device);
+        "zero_optimization.offload_optimizer.ratio: {} with device \"nvme\": partial offload is implemented for "
+        "\"cpu\" only; remove it (1.0) or offload to the CPU",
+        config.zero.offload_optimizer.ratio));
+  }
   if (config.prescale_gradients) {
     throw ConfigError("prescale_gradients: ZeRO-3 reduce-scatters a mean; true is not supported (as in DeepSpeed)");
   }
@@ -203,16 +218,46 @@ void Engine::Impl::add_unit(UnitSpec unit) {
   specs.push_back(std::move(unit));
 }
 
+void Engine::Impl::agree_or_throw(const std::function<void()>& fn, bool config_error) const {
+  std::string failure;
+  std::exception_ptr mine;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    failure = e.what();
+    mine = std::current_exception();
+  }
+  const std::vector<std::string> all = comm::all_gather_strings(*bootstrap, failure);
+  if (mine) std::rethrow_exception(mine);
+  const auto failed = std::find_if(all.begin(), all.end(), [](const std::string& m) { return !m.empty(); });
+  if (failed == all.end()) return;
+  const std::string what = fmt::format("on rank {}: {}", failed - all.begin(), *failed);
+  if (config_error) throw ConfigError(what);
+  throw IoError(what);
+}
+
 void Engine::Impl::check_offload_budget(const engine::Layout& built) {
   const config::ZeroConfig& zero = config.zero;
   const bool offload_params = zero.offload_param.device == OffloadDevice::cpu;
-  const bool offload_optimizer = zero.offload_optimizer.device == OffloadDevice::cpu;
+  const bool offload_optimizer = zero.offload_optimizer.device != OffloadDevice::none;
   if (!offload_params && !offload_optimizer) return;
-  // Everything offload will take from host memory is checked against the budget before any of it (or
-  // anything else) is allocated.
-  const engine::HostFootprint need = engine::offload_footprint(
-      config, built, {.compute_dtype = dtype, .comm_dtype = comm_dtype, .params_on_device = !offload_params},
-      device->kind());
+  // Everything offload will take from host memory (and from the disk) is checked against the budget before
+  // any of it (or anything else) is allocated.
+  const engine::OffloadOptions options{
+      .compute_dtype = dtype, .comm_dtype = comm_dtype, .params_on_device = !offload_params};
+  const engine::HostFootprint need = engine::offload_footprint(config, built, options, device->kind());
+  if (zero.offload_optimizer.device == OffloadDevice::nvme) {
+    // The node's ranks share the disk: room for all of them, and the same verdict on every rank before any
+    // file is made.
+    const std::uint64_t per_rank = engine::nvme_optimizer_disk_bytes(config, built, options);
+    agree_or_throw(
+        [&] {
+          offload::check_nvme_path(*zero.offload_optimizer.nvme_path,
+                                   per_rank * static_cast<std::uint64_t>(world.local_size),
+                                   "zero_optimization.offload_optimizer.nvme_path");
+        },
+        /*config_error=*/true);
+  }
   offload::PinnedRequest request;
   request.pinned_bytes = need.pinned_bytes;
   request.pageable_bytes = need.pageable_bytes;
@@ -222,18 +267,34 @@ void Engine::Impl::check_offload_budget(const engine::Layout& built) {
   const offload::PinnedBudget budget = offload::check_pinned_budget(request, offload::read_host_memory_facts());
   offload_host = std::make_unique<engine::OffloadHost>(*device, world);
   if (world.local_rank == 0) {
-    log::info("CPU offload: {} bytes pinned + {} bytes pageable host memory per rank (pinned budget {} bytes: {}); {}",
-              need.pinned_bytes, need.pageable_bytes, budget.budget_bytes, budget.source, offload_host->describe());
+    const bool nvme = zero.offload_optimizer.device == OffloadDevice::nvme;
+    log::info(
+        "{} offload: {} bytes pinned + {} bytes pageable host memory per rank (pinned budget {} bytes: {}){}; {}",
+        nvme ? "NVMe" : "CPU", need.pinned_bytes, need.pageable_bytes, budget.budget_bytes, budget.source,
+        nvme ? fmt::format(", {} bytes of files per rank under {}",
+                           engine::nvme_optimizer_disk_bytes(config, built, options), *zero.offload_optimizer.nvme_path)
+             : std::string(),
+        offload_host->describe());
   }
 }
 
 std::unique_ptr<engine::ShardOptimizer> Engine::Impl::make_optimizer(const engine::Layout& built) {
   const config::ZeroConfig& zero = config.zero;
+  const engine::OffloadOptions options{.compute_dtype = dtype,
+                                       .comm_dtype = comm_dtype,
+                                       .params_on_device = zero.offload_param.device != OffloadDevice::cpu};
   if (zero.offload_optimizer.device == OffloadDevice::cpu) {
-    const bool offload_params = zero.offload_param.device == OffloadDevice::cpu;
-    return engine::make_offload_optimizer(
-        config, built, *device, *comm_stream, *offload_host, *timeline,
-        {.compute_dtype = dtype, .comm_dtype = comm_dtype, .params_on_device = !offload_params});
+    return engine::make_offload_optimizer(config, built, *device, *comm_stream, *offload_host, *timeline, options);
+  }
+  if (zero.offload_optimizer.device == OffloadDevice::nvme) {
+    std::unique_ptr<engine::ShardOptimizer> made;
+    agree_or_throw(
+        [&] {
+          made = engine::make_nvme_optimizer(config, built, *device, *comm_stream, *offload_host, *timeline, options,
+                                             world);
+        },
+        /*config_error=*/false);
+    return made;
   }
   return engine::make_device_optimizer(*config.optimizer, *device, *comm_stream, built.state_count,
                                        built.sharded_state_count, engine::state_segments(built));
@@ -255,8 +316,13 @@ void Engine::Impl::finalize() {
   std::vector<std::uint64_t> value_hashes;
   try {
     optimizer = make_optimizer(built);
-    engine::initialize_shards(built, static_cast<std::uint64_t>(config.zero3.seed), *device, *comm_stream,
-                              optimizer->pieces(TensorKind::master), shards.view(), value_hashes);
+    engine::ShardOptimizer& opt = *optimizer;
+    engine::initialize_shards(
+        built, static_cast<std::uint64_t>(config.zero3.seed), *device, *comm_stream,
+        [&](std::size_t at, ConstBufferView values) {
+          opt.copy_in(*device, TensorKind::master, at, values, *comm_stream);
+        },
+        shards.view(), value_hashes);
   } catch (...) {
     try {
       comm_stream->synchronize();  // nothing queued may outlive the buffers unwinding here
@@ -304,6 +370,7 @@ engine::Wiring Engine::Impl::make_wiring() {
 void Engine::Impl::log_finalized() const {
   const bool offload_params = config.zero.offload_param.device == OffloadDevice::cpu;
   const bool offload_optimizer = config.zero.offload_optimizer.device == OffloadDevice::cpu;
+  const bool nvme_optimizer = config.zero.offload_optimizer.device == OffloadDevice::nvme;
   const auto persistent_units = std::count_if(layout->units.begin(), layout->units.end(),
                                               [](const engine::UnitLayout& u) { return u.persistent; });
   log::info(
@@ -314,7 +381,8 @@ void Engine::Impl::log_finalized() const {
       offload_optimizer
           ? fmt::format("CPU offload of {} of {} elements",
                         layout->state_count - engine::offload_cut(config, layout->state_count), layout->state_count)
-          : std::string("on the device"),
+      : nvme_optimizer ? fmt::format("NVMe offload under {}", *config.zero.offload_optimizer.nvme_path)
+                       : std::string("on the device"),
       offload_params ? "offloaded to host memory" : "on the device", device_kind_name(device->kind()),
       communicator->backend_name());
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,10 +40,9 @@ struct Engine::Impl {
   void keep_error(std::exception_ptr error) noexcept;
   // EngineState's calls that move state: finalize() has run, at an accumulation boundary, no scope open.
   void check_boundary(std::string_view call) const;
-  // The pieces holding `kind` of `slice` (`shard_pieces` for TensorKind::param), or throws naming what is
-  // missing (gradients, a frozen param's optimizer state, a state the optimizer lacks).
-  const engine::StatePieces& state_source(TensorKind kind, const ParamSlice& slice, bool frozen,
-                                          const engine::StatePieces& shard_pieces, std::string_view call) const;
+  // Throws, naming what is missing, unless `kind` of `slice` can be read and written: gradients, a frozen
+  // param's optimizer state, a state the optimizer lacks.
+  void check_state_source(TensorKind kind, const ParamSlice& slice, bool frozen, std::string_view call) const;
 
   // ---- scopes
   struct OpenScope {
@@ -61,6 +61,9 @@ struct Engine::Impl {
   void finalize();
   // finalize()'s parts: the offload budget check (and the OffloadHost), the optimizer, and the components.
   void check_offload_budget(const engine::Layout& built);
+  // Collective: runs fn on every rank; when it threw on some rank, every rank throws (that rank its own error,
+  // the others ConfigError or IoError naming the first failing rank and its message).
+  void agree_or_throw(const std::function<void()>& fn, bool config_error) const;
   std::unique_ptr<engine::ShardOptimizer> make_optimizer(const engine::Layout& built);
   // What the components share, every member named (after `layout` is set); finalize() builds it once.
   engine::Wiring make_wiring();

@@ -86,21 +86,18 @@ std::size_t EngineState::state_bytes(TensorKind kind, std::span<const ParamSlice
   return elems * (kind == TensorKind::param ? size_of(engine_->impl_->dtype) : sizeof(float));
 }
 
-const engine::StatePieces& Engine::Impl::state_source(TensorKind kind, const ParamSlice& slice, bool frozen,
-                                                      const engine::StatePieces& shard_pieces,
-                                                      std::string_view call) const {
-  if (kind == TensorKind::param) return shard_pieces;
+void Engine::Impl::check_state_source(TensorKind kind, const ParamSlice& slice, bool frozen,
+                                      std::string_view call) const {
+  if (kind == TensorKind::param) return;
   if (kind == TensorKind::grad) throw UsageError(fmt::format("{}: gradients are not part of a checkpoint", call));
   if (frozen) {
     throw UsageError(fmt::format("{}('{}', {}): the param is frozen: it has no optimizer state", call, slice.param,
                                  tensor_kind_name(kind)));
   }
-  const engine::StatePieces& pieces = optimizer_step->optimizer().pieces(kind);
-  if (pieces.empty()) {
+  if (!optimizer_step->optimizer().keeps(kind)) {
     throw UsageError(fmt::format("{}: the {} optimizer keeps no {}", call, config::to_string(config.optimizer->type),
                                  tensor_kind_name(kind)));
   }
-  return pieces;
 }
 
 void Engine::Impl::check_boundary(std::string_view call) const {
@@ -122,17 +119,21 @@ void EngineState::read_state(TensorKind kind, std::span<const ParamSlice> slices
     throw UsageError(fmt::format("read_state: {} bytes given for {} bytes of {}", out.size(), state_bytes(kind, slices),
                                  tensor_kind_name(kind)));
   }
-  engine::StatePieces shard_pieces{{0, impl.param_shards.view()}};
+  engine::ShardOptimizer& optimizer = impl.optimizer_step->optimizer();
   impl.comm_stream->synchronize();  // every step and reduction enqueued so far
-  impl.optimizer_step->optimizer().prepare_read();
+  optimizer.prepare_read();
   std::size_t at = 0;
   for (const ParamSlice& s : slices) {
     const SliceLocation loc = locate(*impl.layout, s, "read_state");
-    const engine::StatePieces& pieces = impl.state_source(kind, s, loc.frozen, shard_pieces, "read_state");
+    impl.check_state_source(kind, s, loc.frozen, "read_state");
     if (s.count > 0) {
       const BufferView dst{out.data() + at, static_cast<std::size_t>(s.count),
                            kind == TensorKind::param ? impl.dtype : DType::f32, MemoryKind::pageable_host};
-      engine::copy_from_pieces(*impl.device, pieces, loc.flat, dst, *impl.comm_stream);
+      if (kind == TensorKind::param) {
+        impl.device->copy_async(dst, impl.param_shards.cview().slice(loc.flat, dst.count), *impl.comm_stream);
+      } else {
+        optimizer.copy_out(*impl.device, kind, loc.flat, dst, *impl.comm_stream);
+      }
     }
     at += s.count * elem;
   }
@@ -149,17 +150,21 @@ void EngineState::write_state(TensorKind kind, std::span<const ParamSlice> slice
     throw UsageError(fmt::format("write_state: {} bytes given for {} bytes of {}", in.size(), state_bytes(kind, slices),
                                  tensor_kind_name(kind)));
   }
-  engine::StatePieces shard_pieces{{0, impl.param_shards.view()}};
+  engine::ShardOptimizer& optimizer = impl.optimizer_step->optimizer();
   impl.comm_stream->synchronize();
-  impl.optimizer_step->optimizer().prepare_read();
+  optimizer.prepare_read();
   std::size_t at = 0;
   for (const ParamSlice& s : slices) {
     const SliceLocation loc = locate(*impl.layout, s, "write_state");
-    const engine::StatePieces& pieces = impl.state_source(kind, s, loc.frozen, shard_pieces, "write_state");
+    impl.check_state_source(kind, s, loc.frozen, "write_state");
     if (s.count > 0) {
       const ConstBufferView src{in.data() + at, static_cast<std::size_t>(s.count),
                                 kind == TensorKind::param ? impl.dtype : DType::f32, MemoryKind::pageable_host};
-      engine::copy_into_pieces(*impl.device, pieces, loc.flat, src, *impl.comm_stream);
+      if (kind == TensorKind::param) {
+        impl.device->copy_async(impl.param_shards.view().slice(loc.flat, src.count), src, *impl.comm_stream);
+      } else {
+        optimizer.copy_in(*impl.device, kind, loc.flat, src, *impl.comm_stream);
+      }
     }
     at += s.count * elem;
   }
@@ -174,7 +179,7 @@ bool EngineState::keeps_state(TensorKind kind) const {
   const Engine::Impl& impl = *engine_->impl_;
   if (!impl.optimizer_step) throw UsageError("keeps_state() before finalize()");
   if (kind == TensorKind::param || kind == TensorKind::master) return true;
-  return !impl.optimizer_step->optimizer().pieces(kind).empty();
+  return impl.optimizer_step->optimizer().keeps(kind);
 }
 
 TrainingState EngineState::training_state() const {

@@ -26,14 +26,12 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
   }
   // The rank's slice of this kind, copied into device memory (wherever it lives: device, host chunks)
   // so the all-gather reads it from where every backend can.
-  engine::StatePieces shard_pieces{{0, param_shards.view()}};
-  const engine::StatePieces* source = &shard_pieces;
   DType source_dtype = param_shards.dtype();
   engine::ShardOptimizer& opt = optimizer_step->optimizer();
-  if (!(kind == TensorKind::param || (kind == TensorKind::master && frozen))) {
-    source = &opt.pieces(kind);
+  const bool from_shards = kind == TensorKind::param || (kind == TensorKind::master && frozen);
+  if (!from_shards) {
     source_dtype = DType::f32;
-    if (source->empty()) {
+    if (!opt.keeps(kind)) {
       throw UsageError(fmt::format("gather_tensor('{}', {}): the {} optimizer keeps no {}", name,
                                    tensor_kind_name(kind), config::to_string(config.optimizer->type),
                                    tensor_kind_name(kind)));
@@ -42,7 +40,11 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
   comm_stream->synchronize();
   opt.prepare_read();
   Buffer mine = device->allocate(g.shard, source_dtype, MemoryKind::device, MemCategory::workspace);
-  if (g.shard > 0) engine::copy_from_pieces(*device, *source, g.flat_offset, mine.view(), *comm_stream);
+  if (g.shard > 0 && from_shards) {
+    device->copy_async(mine.view(), param_shards.cview().slice(g.flat_offset, g.shard), *comm_stream);
+  } else if (g.shard > 0) {
+    opt.copy_out(*device, kind, g.flat_offset, mine.view(), *comm_stream);
+  }
   Buffer full;
   ConstBufferView piece;
   if (unit.persistent) {

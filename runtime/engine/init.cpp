@@ -120,7 +120,8 @@ void init_values(const ParamSpec& param, std::uint64_t seed, std::uint64_t first
 }
 
 void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device, Stream& stream,
-                       const StatePieces& master, BufferView params, std::vector<std::uint64_t>& value_hashes) {
+                       const std::function<void(std::size_t, ConstBufferView)>& write_master, BufferView params,
+                       std::vector<std::uint64_t>& value_hashes) {
   ZERO3_CHECK(params.count == layout.param_shard_count,
               "initialize_shards: param buffer size does not match the layout");
   std::vector<Fnv> hashes(layout.params.size());
@@ -143,7 +144,7 @@ void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device,
   for (std::size_t c = 0; c < layout.state_count; c += chunk) {
     const std::size_t n = std::min(chunk, layout.state_count - c);
     fill_flat(layout, trainable, seed, c, std::span<float>(host.view().as<float>(), n), hashes);
-    copy_into_pieces(device, master, c, host.cview().slice(0, n), stream);
+    write_master(c, host.cview().slice(0, n));
     round_into_params(c, n);
     stream.synchronize();  // the host staging is refilled next
   }

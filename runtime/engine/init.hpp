@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,12 +26,14 @@ void init_values(const ParamSpec& param, std::uint64_t seed, std::uint64_t first
 // rounding) of at most this many elements each.
 inline constexpr std::size_t kInitChunkElems = std::size_t{1} << 20;
 
-// Fills this rank's slices: master (fp32 pieces, layout.state_count) gets the trainable values, params (compute
-// dtype, layout.param_shard_count) their rounded copy, and frozen slices go straight to params. Padding is
-// 0. Enqueues on `stream` and synchronizes it. value_hashes[p] gets a hash of the fp32 values of param p
+// Fills this rank's slices: the master (fp32, layout.state_count elements, written through write_master(offset,
+// values), which may enqueue on `stream`) gets the trainable values, params (compute dtype,
+// layout.param_shard_count) their rounded copy, and frozen slices go straight to params. Padding is 0. Enqueues
+// on `stream` and synchronizes it. value_hashes[p] gets a hash of the fp32 values of param p
 // when its unit is persistent (every rank holds all of them), 0 otherwise.
 void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device, Stream& stream,
-                       const StatePieces& master, BufferView params, std::vector<std::uint64_t>& value_hashes);
+                       const std::function<void(std::size_t, ConstBufferView)>& write_master, BufferView params,
+                       std::vector<std::uint64_t>& value_hashes);
 
 // Collective over `bootstrap`: all-gathers a fingerprint of every unit (name, persistence, group sizes) and
 // param (name, shape, flags, init, layout, persistent values) plus `config_json`'s hash, and throws Error

@@ -16,6 +16,7 @@
 #include "grad_reducer.hpp"
 #include "init.hpp"
 #include "layout.hpp"
+#include "nvme_optimizer.hpp"
 #include "offload_optimizer.hpp"
 #include "optimizer_step.hpp"
 #include "zero3/core/error.hpp"
@@ -113,7 +114,7 @@ class Planner {
         comm_dtype_(config.communication_data_type),
         caps_(device_caps(options.device)),
         offload_params_(config.zero.offload_param.device == config::OffloadDevice::cpu),
-        offload_optimizer_(config.zero.offload_optimizer.device == config::OffloadDevice::cpu),
+        offload_optimizer_(config.zero.offload_optimizer.device != config::OffloadDevice::none),
         single_rank_(config.zero3.single_rank_in_place && world_ == 1),
         staging_kind_(caps_.host_staging) {
     plan_.world_size = world_;
@@ -126,6 +127,7 @@ class Planner {
   MemoryPlan run() {
     params();
     optimizer();
+    nvme();
     gathered();
     grad_buffers();
     reduction_scratch();
@@ -174,6 +176,15 @@ class Planner {
     }
     add(MemoryKind::device, MemCategory::param_shard, persistent * size_of(dtype_),
         fmt::format("device copies of the persistent units ({} elements)", persistent));
+  }
+
+  void nvme() {
+    const engine::OffloadOptions o{
+        .compute_dtype = dtype_, .comm_dtype = comm_dtype_, .params_on_device = !offload_params_};
+    plan_.nvme_file_bytes = engine::nvme_optimizer_disk_bytes(config_, layout_, o);
+    const engine::NvmeTraffic t = engine::nvme_optimizer_traffic(config_, layout_, o);
+    plan_.nvme_read_bytes_per_step = t.read_bytes;
+    plan_.nvme_write_bytes_per_step = t.write_bytes;
   }
 
   void optimizer() {

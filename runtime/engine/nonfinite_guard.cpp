@@ -77,7 +77,7 @@ NonfiniteReport locate_nonfinite(const Layout& layout, ShardOptimizer& optimizer
   optimizer.prepare_read();
   const MemoryKind host_kind = device.caps().host_staging;
   Buffer host = device.allocate(layout.state_count, DType::f32, host_kind, MemCategory::staging);
-  if (layout.state_count > 0) copy_from_pieces(device, optimizer.pieces(TensorKind::grad), 0, host.view(), stream);
+  if (layout.state_count > 0) optimizer.copy_out(device, TensorKind::grad, 0, host.view(), stream);
   stream.synchronize();
   RankFinding mine = scan_shard(layout, host.view().as<float>());
   mine.loss_nonfinite = loss_nonfinite ? 1 : 0;

@@ -3,14 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <map>
-#include <mutex>
-#include <thread>
+#include <optional>
 
+#include "nvme_optimizer.hpp"
+#include "offload_common.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/core/trace.hpp"
@@ -22,96 +21,10 @@ namespace {
 
 using config::OptimizerType;
 
-// Largest host chunk: the state is pinned in registrations of at most this many fp32 elements.
-constexpr std::size_t kChunkElems = offload::kPinnedChunkBytes / sizeof(float);
-// Gradient staging: this many slots of at most kSlotElems elements each, so a copy can land while the
-// worker accumulates the previous ones.
-constexpr std::size_t kSlots = 4;
-constexpr std::size_t kSlotElems = std::size_t{1} << 22;
 // The step's pipeline granularity: the CPU steps this many elements, then their params' host-to-device
 // copy is enqueued and overlaps the next slice's step (finer than sub_group_size, whose default of 1e9
 // would leave the whole copy after the CPU work).
 constexpr std::size_t kPipelineElems = std::size_t{1} << 20;
-// Gradient accumulation tiles (reduce_tiles: the statistics are summed per tile, in tile order).
-constexpr std::size_t kGradTileElems = std::size_t{1} << 15;
-
-std::size_t sub_group_elems(const config::Config& config, std::size_t state_count) {
-  const std::int64_t s = config.zero.sub_group_size;
-  return s <= 0 ? std::max<std::size_t>(state_count, 1) : static_cast<std::size_t>(s);
-}
-
-int state_tensors(OptimizerType type) {
-  return type == OptimizerType::adam || type == OptimizerType::adamw ? 2 : 1;
-}
-
-// The largest piece a reduction hands over: a sharded group's slice or a persistent group whole.
-std::size_t largest_arrival(const Layout& layout) {
-  std::size_t n = 0;
-  for (const UnitLayout& u : layout.units) n = std::max(n, u.group(Group::trainable).shard);
-  return n;
-}
-
-// One task at a time, in submission order, on its own thread: the host side of the gradient pipeline.
-class HostWorker {
- public:
-  HostWorker() : thread_([this] { run(); }) {}
-  ~HostWorker() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  HostWorker(const HostWorker&) = delete;
-  HostWorker& operator=(const HostWorker&) = delete;
-
-  void submit(std::function<void()> task) {
-    {
-      std::lock_guard lock(mutex_);
-      tasks_.push_back(std::move(task));
-    }
-    wake_.notify_all();
-  }
-  // Blocks until every submitted task has run; rethrows the first error a task raised (sticky).
-  void drain() {
-    std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return tasks_.empty() && !busy_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-
- private:
-  void run() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stop_ with nothing left
-      std::function<void()> task = std::move(tasks_.front());
-      tasks_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      try {
-        if (!error_) task();  // after an error the accumulators are garbage: skip, report at drain()
-      } catch (...) {
-        lock.lock();
-        if (!error_) error_ = std::current_exception();
-        lock.unlock();
-      }
-      lock.lock();
-      busy_ = false;
-      if (tasks_.empty()) idle_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable idle_;
-  std::deque<std::function<void()>> tasks_;
-  bool busy_ = false;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;  // last: started after every member it uses exists
-};
 
 // One contiguous piece of the host region, inside one sub-group.
 struct HostChunk {
@@ -166,12 +79,9 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     }
     // Host chunks: sub-group boundaries, then at most kChunkElems each.
     const bool pinned = config.zero.offload_optimizer.pin_memory;
-    const std::size_t sub = sub_group_elems(config, count_);
     const bool has_m = config_.type != OptimizerType::adagrad;
     const bool has_v = config_.type != OptimizerType::lion;
-    for (std::size_t a = cut_; a < count_;) {
-      const std::size_t sub_end = std::min(count_, (a / sub + 1) * sub);
-      const std::size_t n = std::min(sub_end - a, kChunkElems);
+    for (const auto& [a, n] : host_chunk_bounds(config, cut_, count_)) {
       HostChunk c;
       c.offset = a;
       c.count = n;
@@ -184,14 +94,11 @@ class OffloadShardOptimizer final : public ShardOptimizer {
         if (!b->empty()) std::memset(b->data(), 0, b->size_bytes());
       }
       chunks_.push_back(std::move(c));
-      a += n;
     }
     if (!chunks_.empty()) {
-      const std::size_t slot = std::min(kSlotElems, std::max<std::size_t>(largest_arrival(layout), 1));
-      for (std::size_t i = 0; i < kSlots; ++i) {
-        slots_.push_back(
-            {host.allocate(device, slot, comm_dtype_, pinned, MemCategory::staging), device.create_event(), false});
-      }
+      slots_.emplace(device, staging_slot_elems(layout), comm_dtype_, [&](std::size_t n, DType dtype) {
+        return host.allocate(device, n, dtype, pinned, MemCategory::staging);
+      });
       host_scalars_ = device.allocate(2, DType::f32, device.caps().host_staging, MemCategory::staging);
       device_scalars_ = device.allocate(2, DType::f32, MemoryKind::device, MemCategory::workspace);
     }
@@ -224,7 +131,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     while (done < reduced.count) {
       const std::size_t at = offset + done;
       const HostChunk& chunk = chunk_at(at);
-      const std::size_t n = std::min({reduced.count - done, chunk.offset + chunk.count - at, slots_[0].buffer.count()});
+      const std::size_t n = std::min({reduced.count - done, chunk.offset + chunk.count - at, slots_->elems()});
       arrive(at, reduced.slice(done, n), stream);
       done += n;
     }
@@ -324,12 +231,6 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   }
 
  private:
-  struct Slot {
-    Buffer buffer;
-    std::unique_ptr<Event> copied;
-    bool busy = false;
-  };
-
   void build_pieces(bool has_m, bool has_v) {
     const auto collect = [&](TensorKind kind, Buffer HostChunk::*member, bool exists) {
       StatePieces out;
@@ -353,24 +254,10 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     return c;
   }
 
-  Slot& acquire_slot() {
-    Slot& s = slots_[next_slot_];
-    next_slot_ = (next_slot_ + 1) % slots_.size();
-    std::unique_lock lock(slot_mutex_);
-    slot_free_.wait(lock, [&] { return !s.busy; });
-    s.busy = true;
-    return s;
-  }
-
   // One piece of gradient for the host region, inside one chunk: device-to-host into a staging slot on
   // the comm stream, then accumulated by the worker once the copy has landed.
   void arrive(std::size_t at, ConstBufferView piece, Stream& stream) {
-    Slot& slot = acquire_slot();
-    const std::uint64_t copy = timeline_.begin(stream, Timeline::Lane::d2h);
-    device_.copy_async(slot.buffer.view().slice(0, piece.count), piece, stream);
-    timeline_.end(stream, copy);
-    timeline_.add_bytes(Timeline::Lane::d2h, piece.size_bytes());
-    stream.record(*slot.copied);
+    StagingSlots::Slot& slot = slots_->stage(device_, timeline_, piece, stream);
     const auto [it, first] = window_.try_emplace(at);
     Arrival& a = it->second;
     ZERO3_CHECK(first || a.count == piece.count, "offload: gradient pieces changed shape within a window");
@@ -399,11 +286,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
                                          e - b, want_stats);
       });
       timeline_.host(Timeline::Lane::cpu, start, Timeline::Clock::now());
-      {
-        std::lock_guard lock(slot_mutex_);
-        slot.busy = false;
-      }
-      slot_free_.notify_all();
+      slots_->release(slot);
     });
   }
 
@@ -429,8 +312,6 @@ class OffloadShardOptimizer final : public ShardOptimizer {
 
   void step_range(offload::SimdPath simd, const OptimizerStepArgs& args, const StateSegment& seg, HostChunk& c,
                   std::size_t local, std::size_t n, void* params_base, bool stream_params) {
-    const auto lr = static_cast<float>(args.lr * seg.lr_scale);
-    const auto wd = static_cast<float>(seg.weight_decay ? config_.weight_decay : 0.0);
     offload::StepSpan span;
     span.master = c.master.view().as<float>() + local;
     span.exp_avg = c.exp_avg.empty() ? nullptr : c.exp_avg.view().as<float>() + local;
@@ -441,18 +322,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     span.param_dtype = compute_dtype_;
     span.count = n;
     span.stream_param = stream_params;
-    switch (config_.type) {
-      case OptimizerType::adam:
-      case OptimizerType::adamw:
-        offload::adam_range(simd, adam_args(config_, args, lr, wd), span);
-        break;
-      case OptimizerType::lion:
-        offload::lion_range(simd, lion_args(args, lr, wd), span);
-        break;
-      case OptimizerType::adagrad:
-        offload::adagrad_range(simd, adagrad_args(config_, args, lr, wd), span);
-        break;
-    }
+    step_span(simd, config_, args, seg, span);
   }
 
   config::OptimizerConfig config_;
@@ -468,10 +338,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   std::vector<StateSegment> segments_;  // of the host region
   std::unique_ptr<ShardOptimizer> device_part_;
   std::vector<HostChunk> chunks_;
-  std::vector<Slot> slots_;
-  std::size_t next_slot_ = 0;
-  std::mutex slot_mutex_;
-  std::condition_variable slot_free_;
+  std::optional<StagingSlots> slots_;
   Buffer host_scalars_;
   Buffer device_scalars_;
   bool final_ = false;
@@ -533,6 +400,7 @@ std::string OffloadHost::describe() const {
 }
 
 std::size_t offload_cut(const config::Config& config, std::size_t state_count) {
+  if (config.zero.offload_optimizer.device == config::OffloadDevice::nvme) return 0;  // all of it, in files
   if (config.zero.offload_optimizer.device != config::OffloadDevice::cpu || state_count == 0) return state_count;
   const std::size_t sub = sub_group_elems(config, state_count);
   const std::size_t groups = (state_count + sub - 1) / sub;
@@ -546,6 +414,7 @@ MemoryTable offload_optimizer_memory(const config::Config& config, const Layout&
                                      DeviceKind device) {
   MemoryTable t;
   const config::OffloadConfig& off = config.zero.offload_optimizer;
+  if (off.device == config::OffloadDevice::nvme) return nvme_optimizer_memory(config, layout, options, device);
   if (off.device != config::OffloadDevice::cpu || !config.optimizer) return t;
   const std::uint64_t states = static_cast<std::uint64_t>(state_tensors(config.optimizer->type));
   const std::uint64_t cut = offload_cut(config, layout.state_count);
@@ -560,8 +429,7 @@ MemoryTable offload_optimizer_memory(const config::Config& config, const Layout&
   t.at(kind, MemCategory::grad_shard) += 4 * host;
   t.at(kind, MemCategory::optim_state) += 4 * states * host;
   if (options.params_on_device) t.at(kind, MemCategory::staging) += host * size_of(options.compute_dtype);
-  const std::uint64_t slot = std::min(kSlotElems, std::max<std::size_t>(largest_arrival(layout), 1));
-  t.at(kind, MemCategory::staging) += kSlots * slot * size_of(options.comm_dtype);
+  t.at(kind, MemCategory::staging) += kSlots * staging_slot_elems(layout) * size_of(options.comm_dtype);
   t.at(device_caps(device).host_staging, MemCategory::staging) += 2 * sizeof(float);
   t.at(MemoryKind::device, MemCategory::workspace) += 2 * sizeof(float);
   return t;

@@ -1,10 +1,15 @@
 #include "optimizer_step.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/watchdog.hpp"
+#include "zero3/core/error.hpp"
 #include "zero3/core/trace.hpp"
 #include "zero3/kernels/kernels.hpp"
 
@@ -221,7 +226,7 @@ StepOutcome OptimizerStep::run(const WindowMarks& marks) {
   args.betas = lr.betas.value_or(config_.optimizer->betas);
   args.grad_scale = static_cast<float>(1.0 / (coefficient * out.loss_scale));
   args.step = applied_steps_ + 1;
-  optimizer_->step(stream_, args, params_.slice(0, layout_.state_count));
+  step_everywhere(args, marks.step);
   optimizer_->clear_grads(stream_);
 
   schedule_->advance();
@@ -250,23 +255,52 @@ StepOutcome OptimizerStep::skip(StepOutcome out, const WindowMarks& marks, float
   return out;
 }
 
-void OptimizerStep::reset_moments() {
+void ShardOptimizer::zero_moments(Stream& stream) {
   bool synchronized = false;
   for (const TensorKind kind : {TensorKind::exp_avg, TensorKind::exp_avg_sq}) {
-    for (const StatePiece& piece : optimizer_->pieces(kind)) {
+    for (const StatePiece& piece : pieces(kind)) {
       if (piece.view.count == 0) continue;
       if (piece.view.kind == MemoryKind::device) {
-        kernels::fill(stream_, piece.view, 0.0f);
+        kernels::fill(stream, piece.view, 0.0f);
         continue;
       }
       if (!synchronized) {  // host memory (offload): no queued work may still read or write it
-        stream_.synchronize();
-        optimizer_->prepare_read();
+        stream.synchronize();
+        prepare_read();
         synchronized = true;
       }
       std::memset(piece.view.data, 0, piece.view.size_bytes());
     }
   }
+}
+
+void OptimizerStep::step_everywhere(const OptimizerStepArgs& args, std::int64_t step) {
+  const BufferView params = params_.slice(0, layout_.state_count);
+  if (!optimizer_->step_may_fail_locally()) {
+    optimizer_->step(stream_, args, params);
+    return;
+  }
+  std::string failure;
+  try {
+    optimizer_->step(stream_, args, params);
+  } catch (const std::exception& e) {
+    failure = e.what();
+    if (failure.empty()) failure = "unknown error";
+  }
+  // One all-gather of the (empty) messages' lengths when every rank succeeded.
+  const std::vector<std::string> all = comm::all_gather_strings(bootstrap_, failure);
+  const auto failed = std::find_if(all.begin(), all.end(), [](const std::string& m) { return !m.empty(); });
+  if (failed == all.end()) return;
+  const auto rank = static_cast<int>(failed - all.begin());
+  throw IoError(fmt::format(
+      "step {}: rank {} could not update its offloaded optimizer state: {}{}", step, rank, *failed,
+      rank == bootstrap_.rank() ? ""
+                                : "; that rank's update is incomplete, so every rank stops at this step (resume "
+                                  "from the last checkpoint)"));
+}
+
+void OptimizerStep::reset_moments() {
+  optimizer_->zero_moments(stream_);
   applied_steps_ = 0;  // bias correction restarts, so the first steps after the reset are not overscaled
 }
 

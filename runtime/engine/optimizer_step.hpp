@@ -45,7 +45,26 @@ class ShardOptimizer {
   virtual ~ShardOptimizer() = default;
   // Where a tensor lives: master, exp_avg (Adam/AdamW/Lion m), exp_avg_sq (Adam/AdamW v; Adagrad's sum of
   // squared gradients), grad (the accumulators). Empty for a state this optimizer keeps no such state.
+  // Optimizers whose state is not in memory (NVMe offload) return an empty set for every kind: read and
+  // write through keeps(), copy_out() and copy_in(), which work for every optimizer.
   virtual const StatePieces& pieces(TensorKind kind) const = 0;
+  // Whether this optimizer keeps `kind` (master and grad: always).
+  virtual bool keeps(TensorKind kind) const { return !pieces(kind).empty(); }
+  // After prepare_read(): elements [offset, offset + dst.count) of `kind` into dst (any memory kind, fp32),
+  // enqueued on `stream`; an optimizer whose state is in files reads them and returns when dst is written.
+  virtual void copy_out(Device& device, TensorKind kind, std::size_t offset, BufferView dst, Stream& stream) {
+    copy_from_pieces(device, pieces(kind), offset, dst, stream);
+  }
+  // After prepare_read(): src (fp32, any memory kind) into elements [offset, offset + src.count) of `kind`,
+  // enqueued on `stream` (in files: written when the call returns).
+  virtual void copy_in(Device& device, TensorKind kind, std::size_t offset, ConstBufferView src, Stream& stream) {
+    copy_into_pieces(device, pieces(kind), offset, src, stream);
+  }
+  // Zeroes exp_avg and exp_avg_sq (device memory: enqueued on `stream`; host memory or files: blocks).
+  virtual void zero_moments(Stream& stream);
+  // Whether step() may fail on one rank alone (file I/O): then the ranks agree on its outcome after each step,
+  // so that a failure stops every rank with the failing rank's error.
+  virtual bool step_may_fail_locally() const { return false; }
   // Whether the micro-batch whose gradients arrive next ends the accumulation window (its gradients are
   // the window's last, so statistics taken as they arrive are final).
   virtual void set_final_micro_step(bool final) { (void) final; }
@@ -145,6 +164,9 @@ class OptimizerStep {
   ShardOptimizer& optimizer() { return *optimizer_; }
 
  private:
+  // optimizer_->step(); where it may fail on one rank, every rank throws that rank's error (IoError).
+  void step_everywhere(const OptimizerStepArgs& args, std::int64_t step);
+
   const Layout& layout_;
   const config::Config& config_;
   Device& device_;

@@ -156,6 +156,10 @@ nlohmann::json plan_json(const MemoryPlan& plan) {
       {"ranks_per_node", plan.ranks_per_node},
       {"resident_bytes",
        {{"base", plan.resident_base}, {"library_temporary", plan.library_temporary}, {"peak", plan.resident_peak()}}},
+      {"nvme_bytes",
+       {{"files", plan.nvme_file_bytes},
+        {"read_per_step", plan.nvme_read_bytes_per_step},
+        {"write_per_step", plan.nvme_write_bytes_per_step}}},
       {"ranks", ranks},
       {"how", how},
       {"deepspeed_estimate", deepspeed}};

@@ -7,19 +7,24 @@
 // which could change the fp32 norm by 1 ulp, so grad norms are compared within 2^-22 relative and the
 // tensors bitwise, with the first difference reported. Also: fp16 overflow skips leave the CPU state
 // bitwise unchanged; ratio 0.5 (partial offload), sub_group_size smaller than a unit, offload_param on and
-// off, gradient accumulation, Lion and Adagrad. The unsharded float64 comparison of the engine itself is
+// off, gradient accumulation, Lion and Adagrad. NVMe offload (master, moments and accumulators in files) is
+// compared with CPU offload the same way, bitwise. The unsharded float64 comparison of the engine itself is
 // test_engine_equivalence.cpp; this file proves offloaded == on-device.
 #include <fmt/format.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine_trainer.hpp"
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/offload/pinned_budget.hpp"
 
 using namespace zero3;
@@ -89,6 +94,8 @@ struct Case {
   std::string name;
   std::string offload;  // the offload keys added to zero_optimization
   std::string precision;
+  std::string baseline = "";  // the keys of the side compared with ("": on the device)
+  std::string top = "";       // top-level keys of the offloaded side (the aio block)
   std::string optimizer = R"({"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.05}})";
   double clipping = 0.5;  // active: the clip coefficient (from the norm) enters every update
   int gas = 1;
@@ -106,6 +113,8 @@ ConfigText text_for(const Case& c, bool offload) {
   t.gas = c.gas;
   t.zero = R"("stage3_param_persistence_threshold": 200)";
   if (offload) t.zero += ", " + c.offload;
+  if (offload) t.top = c.top;
+  if (!offload && !c.baseline.empty()) t.zero += ", " + c.baseline;
   return t;
 }
 
@@ -134,9 +143,9 @@ void run_case(const Case& c, const model::ModelConfig& mc) {
   const int differing = compare_all(off.engine(), dev.engine(), state_kinds(off_cfg), c.name, c.rtol);
   CHECK(differing == 0);
   if (world_rank() == 0) {
-    std::printf("[np%d] offload %-44s %d tensors differ from on-device (%s); grad-norm rel %.1e\n", world_size(),
-                c.name.c_str(), differing, c.rtol == 0.0 ? "bitwise" : fmt::format("rtol {:.0e}", c.rtol).c_str(),
-                worst_norm);
+    std::printf("[np%d] offload %-44s %d tensors differ from %s (%s); grad-norm rel %.1e\n", world_size(),
+                c.name.c_str(), differing, c.baseline.empty() ? "on-device" : "CPU offload",
+                c.rtol == 0.0 ? "bitwise" : fmt::format("rtol {:.0e}", c.rtol).c_str(), worst_norm);
     std::fflush(stdout);
   }
 }
@@ -303,4 +312,175 @@ TEST_CASE("a pinned budget the node cannot hold fails before anything is allocat
   try_budget(R"("pinned_memory_budget_gb": 1048576)", both, {"zero3.pinned_memory_budget_gb", "GiB", "bytes"});
   // Less than the offload needs: 1 KiB.
   try_budget(R"("pinned_memory_budget_gb": 0.000001)", both, {"zero3.pinned_memory_budget_gb", "pin_memory"});
+}
+
+TEST_CASE("NVMe offload equals CPU offload bitwise", "[offload][nvme]") {
+  const model::ModelConfig mc = transformer();
+  const std::string dir = test::nvme_test_directory();
+  const auto nvme = [&](const std::string& extra) {
+    return fmt::format(R"("offload_optimizer": {{"device": "nvme", "nvme_path": "{}"{}}})", dir, extra);
+  };
+  const std::string cpu = R"("offload_optimizer": {"device": "cpu"})";
+  const std::string pipelined = R"(, "pipeline_read": true, "pipeline_write": true)";
+  std::vector<Case> cases = {
+      {"nvme fp32, pipelined", nvme(pipelined), "", cpu},
+      {"nvme bf16, not pipelined", nvme(""), R"("bf16": {"enabled": true})", cpu},
+      // sub_group_size 1000: slices of 1024 elements, so the ring of 4 (buffer_count 16) turns many times,
+      // and the arrivals are split at the same sub-group bounds as CPU offload's.
+      {"nvme bf16, slices of 1024, ring of 4, offload_param",
+       R"("sub_group_size": 1000, )" + nvme(pipelined + R"(, "buffer_count": 16)") +
+           R"(, "offload_param": {"device": "cpu"})",
+       R"("bf16": {"enabled": true})",
+       R"("sub_group_size": 1000, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})"},
+      {"nvme fp16 + offload_param", nvme(pipelined) + R"(, "offload_param": {"device": "cpu"})",
+       R"("fp16": {"enabled": true, "initial_scale_power": 8})", cpu + R"(, "offload_param": {"device": "cpu"})"},
+  };
+  Case accumulation{"nvme AdamW, gradient accumulation 3, 4 KiB requests",
+                    R"("sub_group_size": 3000, )" + nvme(pipelined), R"("bf16": {"enabled": true})",
+                    R"("sub_group_size": 3000, )" + cpu};
+  accumulation.gas = 3;
+  accumulation.top = R"("aio": {"block_size": 4096, "queue_depth": 2})";
+  Case lion{"nvme Lion, gradient accumulation 3", nvme(pipelined), "", cpu};
+  lion.optimizer = R"({"type": "Lion", "params": {"lr": 1e-3, "weight_decay": 0.1}})";
+  lion.gas = 3;
+  Case adagrad{"nvme Adagrad", R"("sub_group_size": 1000, )" + nvme(pipelined), "",
+               R"("sub_group_size": 1000, )" + cpu};
+  adagrad.optimizer = R"({"type": "Adagrad", "params": {"lr": 1e-2, "weight_decay": 0.01}})";
+  for (const Case& c : {accumulation, lion, adagrad}) cases.push_back(c);
+  for (const Case& c : cases) {
+    run_case(c, mc);
+    CHECK(test::nvme_rank_directory_removed(dir, world_rank()));
+  }
+}
+
+namespace {
+
+// The offloaded side of an NVMe case whose nvme_path is `dir`.
+config::Config nvme_config(const std::string& dir) {
+  Case c{"nvme", fmt::format(R"("offload_optimizer": {{"device": "nvme", "nvme_path": "{}"}})", dir), ""};
+  return text_for(c, true).parse();
+}
+
+// finalize() of an NVMe job with nvme_path `dir` throws ConfigError containing every part.
+void check_refused(const std::string& dir, std::initializer_list<std::string> parts) {
+  const model::ModelConfig mc = transformer();
+  bool threw = false;
+  try {
+    EngineTrainer e(nvme_config(dir), mc, model::model_units(mc));
+  } catch (const ConfigError& err) {
+    threw = true;
+    INFO(err.what());
+    for (const std::string& part : parts) CHECK_THAT(err.what(), Catch::Contains(part));
+  }
+  CHECK(threw);
+}
+
+// A tmpfs of `size` that rank 0 mounts at `dir` (root only, where mounting is allowed; every rank learns whether
+// it did) and detaches and removes when the scope ends, also when a check throws.
+class Tmpfs {
+ public:
+  Tmpfs(std::string dir, const std::string& size) : dir_(std::move(dir)) {
+    int ok = 0;
+    if (world_rank() == 0) {
+      std::filesystem::create_directories(dir_);
+      ok = ::geteuid() == 0 && ::mount("tmpfs", dir_.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0 ? 1 : 0;
+    }
+    mounted_ = comm::broadcast_value(*env().bootstrap, ok, 0) == 1;
+  }
+  ~Tmpfs() {
+    if (world_rank() != 0) return;
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+    std::error_code ignored;
+    std::filesystem::remove(dir_, ignored);
+  }
+  Tmpfs(const Tmpfs&) = delete;
+  Tmpfs& operator=(const Tmpfs&) = delete;
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("NVMe offload: a path that cannot hold the state is refused before training", "[nvme][errors]") {
+  const std::string root = test::nvme_test_directory();
+  const std::string key = "zero_optimization.offload_optimizer.nvme_path";
+  check_refused(root + "/missing", {key, root + "/missing", "does not exist"});
+  const std::string file = fmt::format("{}/a-file-rank{}", root, world_rank());
+  std::fclose(std::fopen(file.c_str(), "w"));
+  check_refused(file, {key, "not a directory"});
+  std::filesystem::remove(file);
+  // A real disk too small: a 64 KiB tmpfs for the ranks' files (about 74 KiB each).
+  const std::string small = fmt::format("{}/small-{}", root, comm::broadcast_value(*env().bootstrap, ::getpid(), 0));
+  const Tmpfs disk(small, "64k");
+  if (!disk.mounted()) {
+    if (world_rank() == 0) WARN("tmpfs not mounted (needs root and CAP_SYS_ADMIN): the full-disk case did not run");
+    return;
+  }
+  check_refused(small, {key, "bytes"});
+  env().bootstrap->barrier();
+}
+
+TEST_CASE("NVMe offload: a disk that fills up during training fails no step (the files are reserved)",
+          "[nvme][errors]") {
+  const std::string root = test::nvme_test_directory();
+  const std::string dir = fmt::format("{}/filling-{}", root, comm::broadcast_value(*env().bootstrap, ::getpid(), 0));
+  const Tmpfs disk(dir, "4m");
+  if (!disk.mounted()) {
+    if (world_rank() == 0) WARN("tmpfs not mounted (needs root and CAP_SYS_ADMIN): the case did not run");
+    return;
+  }
+  {
+    const model::ModelConfig mc = transformer();
+    Case c{"nvme, gradient accumulation 3",
+           fmt::format(R"("offload_optimizer": {{"device": "nvme", "nvme_path": "{}"}})", dir), ""};
+    c.gas = 3;
+    EngineTrainer e(text_for(c, true).parse(), mc, model::model_units(mc));
+    CHECK(e.train_step(0).applied);
+    env().bootstrap->barrier();
+    if (world_rank() == 0) {  // fill what is left
+      std::FILE* f = std::fopen((dir + "/filler").c_str(), "w");
+      const std::vector<char> block(1 << 16, 'x');
+      while (f != nullptr && std::fwrite(block.data(), 1, block.size(), f) == block.size() && std::fflush(f) == 0) {
+      }
+      if (f != nullptr) std::fclose(f);
+    }
+    env().bootstrap->barrier();
+    for (int s = 1; s < 3; ++s) CHECK(e.train_step(s).applied);
+  }
+  env().bootstrap->barrier();
+}
+
+TEST_CASE("NVMe offload: a read that fails in a step stops every rank with the file and the offset", "[nvme][errors]") {
+  const model::ModelConfig mc = transformer();
+  const std::string root = test::nvme_test_directory();
+  EngineTrainer e(nvme_config(root), mc, model::model_units(mc));
+  e.train_step(0);
+  const int victim = world_size() - 1;
+  std::string truncated;
+  if (world_rank() == victim) {  // the rank's master file loses its contents under the job
+    for (const auto& entry : std::filesystem::directory_iterator(root)) {
+      const std::string name = entry.path().filename().string();
+      if (name.find(fmt::format("-{}-", ::getpid())) != std::string::npos &&
+          name.ends_with(fmt::format("-rank{}", victim))) {
+        truncated = (entry.path() / "master.f32").string();
+      }
+    }
+    REQUIRE(!truncated.empty());
+    REQUIRE(::truncate(truncated.c_str(), 0) == 0);
+  }
+  truncated = comm::broadcast_string(*env().bootstrap, truncated, victim);
+  bool threw = false;
+  try {
+    e.train_step(1);
+  } catch (const IoError& err) {
+    threw = true;
+    INFO(err.what());
+    CHECK_THAT(err.what(), Catch::Contains(fmt::format("rank {}", victim)));
+    CHECK_THAT(err.what(), Catch::Contains(truncated));
+    CHECK_THAT(err.what(), Catch::Contains("offset"));
+  }
+  CHECK(threw);
 }

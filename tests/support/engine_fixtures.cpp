@@ -1,7 +1,9 @@
 #include "engine_fixtures.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <span>
 #include <stdexcept>
 #include <utility>
@@ -77,6 +79,22 @@ std::vector<float> local_floats(Engine& e, TensorKind kind) {
   std::vector<float> v(st.state_bytes(kind, slices) / sizeof(float));
   st.read_state(kind, slices, std::as_writable_bytes(std::span<float>(v)));
   return v;
+}
+
+std::string nvme_test_directory() {
+  const std::filesystem::path p = std::filesystem::current_path() / "zero3-test-nvme";
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+bool nvme_rank_directory_removed(const std::string& dir, int rank) {
+  const std::string pid = fmt::format("-{}-", ::getpid());
+  const std::string suffix = fmt::format("-rank{}", rank);
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(pid) != std::string::npos && name.ends_with(suffix)) return false;
+  }
+  return true;
 }
 
 }  // namespace zero3::test

@@ -56,4 +56,10 @@ std::vector<std::byte> state_bytes(Engine& e);
 // This rank's kept elements of an fp32 kind (master, exp_avg, exp_avg_sq), in local_slices order.
 std::vector<float> local_floats(Engine& e, TensorKind kind);
 
+// A directory for NVMe offload's files, shared by the job's ranks (each makes its own directory inside),
+// under the working directory (the build tree: a disk, where /tmp may be a tmpfs without O_DIRECT).
+std::string nvme_test_directory();
+// Whether every directory NVMe offload made for `rank` of this process (zero3-<host>-<pid>-<n>-rank<r>) is gone.
+bool nvme_rank_directory_removed(const std::string& dir, int rank);
+
 }  // namespace zero3::test

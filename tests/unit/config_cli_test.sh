@@ -78,7 +78,7 @@ expect_stderr "$ok" "error: WORLD_SIZE:"
 # --quiet drops notes and warnings but keeps not-implemented lines.
 check 1 "$fixtures/exit1/nvme_offload.json" --world-size 2 --quiet
 grep -q '^note:' "$tmp/err" && fail "--quiet still printed notes"
-expect_stderr quiet "not implemented: zero_optimization.offload_optimizer.device"
+expect_stderr quiet "not implemented: zero_optimization.offload_param.device"
 
 # --strict: the HF config's "auto" notes stay notes; a key DeepSpeed ignores becomes an error.
 check 0 "$fixtures/exit0/hf_trainer_zero3_auto.json" --world-size 2 --strict

@@ -56,6 +56,12 @@ void print_table(const MemoryPlan& plan, const config::Config& cfg, std::uint64_
       mib(plan.resident_peak()), mib(plan.resident_base), mib(plan.library_temporary),
       plan.device_memory_on_host ? "every kind above (the host device's memory is host memory)"
                                  : "the host kinds above (device memory is the GPU's)");
+  if (plan.nvme_file_bytes > 0) {
+    fmt::print(
+        "NVMe offload: {} MiB of files per rank under offload_optimizer.nvme_path; each optimizer step reads {} MiB "
+        "and writes {} MiB of them\n",
+        mib(plan.nvme_file_bytes), mib(plan.nvme_read_bytes_per_step), mib(plan.nvme_write_bytes_per_step));
+  }
   const DeepSpeedEstimate& ds = plan.deepspeed;
   fmt::print("\nDeepSpeed's estimate_zero3_model_states_mem_needs_all_live for the same model (model states only):\n");
   if (!ds.covered) {

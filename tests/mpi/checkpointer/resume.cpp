@@ -1,6 +1,6 @@
 // Exact resume: a run saved at step 3 (sync and async saves) and resumed by an engine made with other
 // initial values ends bitwise equal to an uninterrupted run, for AdamW + WarmupLR, bf16 + CPU offload, fp16
-// with overflow skips, Lion, Adagrad, frozen params with accumulation, and offload_param.
+// with overflow skips, Lion, Adagrad, frozen params with accumulation, offload_param, and NVMe offload.
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
@@ -162,6 +162,17 @@ std::vector<ResumeCase> resume_cases() {
     ResumeCase c;
     c.name = "offload_param cpu, persistent units";
     c.text.zero += ", " + offload_param;
+    cases.push_back(c);
+  }
+  {
+    ResumeCase c;
+    c.name = "bf16, offload_optimizer nvme, gradient accumulation 2";
+    c.text.precision = R"("bf16": {"enabled": true})";
+    c.text.zero += R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + test::nvme_test_directory() +
+                   R"(", "pipeline_read": true, "pipeline_write": true})";
+    c.text.train_batch = 24;
+    c.text.gas = 2;
+    c.text.clipping = 0.5;
     cases.push_back(c);
   }
   {

@@ -233,8 +233,9 @@ TEST_CASE("local_slices cover every element; read_state and write_state round tr
   struct Setup {
     std::string name;
     ConfigText text = trainer_config();
+    std::optional<ConfigText> loads_into;  // a second job the checkpoint is loaded into (another offload)
   };
-  std::vector<Setup> setups(3);
+  std::vector<Setup> setups(4);
   for (Setup& s : setups) s.text.zero = R"("stage3_param_persistence_threshold": 60)";
   setups[0].name = "fp32 AdamW";
   setups[1].name = "bf16 AdamW, offload_optimizer + offload_param";
@@ -242,6 +243,13 @@ TEST_CASE("local_slices cover every element; read_state and write_state round tr
   setups[1].text.zero += R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})";
   setups[2].name = "fp32 Adagrad";
   setups[2].text.optimizer = R"({"type": "Adagrad", "params": {"lr": 1e-2}})";
+  // The state in files: odd sizes through the partial blocks; saved from NVMe, loaded into CPU offload and back.
+  setups[3].name = "bf16 AdamW, offload_optimizer nvme";
+  setups[3].text.precision = setups[1].text.precision;
+  setups[3].text.zero +=
+      R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + test::nvme_test_directory() + R"("})";
+  setups[3].loads_into = setups[1].text;
+  setups[1].loads_into = setups[3].text;
   for (const Setup& s : setups) {
     const std::string what = fmt::format("[np{}] {}", world_size(), s.name);
     const config::Config cfg = s.text.parse();
@@ -262,6 +270,13 @@ TEST_CASE("local_slices cover every element; read_state and write_state round tr
       ckpt::Checkpointer(*fresh, env().bootstrap).load(root.path());
       const Snapshot got = snapshot(*fresh);
       CHECK(count_differences(got, expected_values(*fresh, got.training), what + ": loaded odd model") == 0);
+      if (s.loads_into) {
+        const std::unique_ptr<Engine> other = make_engine(s.loads_into->parse(), {.units = reinitialized(units)});
+        ckpt::Checkpointer(*other, env().bootstrap).load(root.path());
+        const Snapshot moved = snapshot(*other);
+        CHECK(count_differences(moved, expected_values(*other, moved.training),
+                                what + ": loaded into the other offload") == 0);
+      }
     }
 
     // Misuse, rank-local: slices this rank does not keep, kinds it has no state of, wrong sizes.

@@ -30,8 +30,12 @@ TEST_CASE("config checks name the key", "[engine][errors]") {
   check_throws<ConfigError>([&] { make_engine(no_optimizer); }, {"optimizer"});
   ConfigText offload;
   offload.allow_not_implemented = true;
+  offload.zero = R"("offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.5})";
+  check_throws<ConfigError>([&] { make_engine(offload); }, {"offload_optimizer.ratio", "nvme"});
   offload.zero = R"("offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})";
-  check_throws<ConfigError>([&] { make_engine(offload); }, {"offload_optimizer", "nvme"});
+  offload.top = R"("aio": {"block_size": 1000})";
+  check_throws<ConfigError>([&] { make_engine(offload); }, {"aio.block_size", "4096"});
+  offload.top.clear();
   offload.zero = R"("offload_param": {"device": "nvme", "nvme_path": "/tmp"})";
   check_throws<ConfigError>([&] { make_engine(offload); }, {"offload_param", "nvme"});
   // And with nothing handed in, the engine makes its own device, bootstrap and communicator.

@@ -102,6 +102,11 @@ struct MemoryPlan {
   // Open MPI's reduce-scatter algorithms take a buffer of the call's whole input, so the largest gradient
   // reduction's input (fp32). 0 on one rank and with NCCL (whose buffers are the GPU's).
   std::uint64_t library_temporary = 0;
+  // NVMe offload (offload_optimizer.device "nvme"): bytes of a rank's files under nvme_path, and what one
+  // optimizer step (its accumulation window included) reads from and writes to them. 0 otherwise.
+  std::uint64_t nvme_file_bytes = 0;
+  std::uint64_t nvme_read_bytes_per_step = 0;
+  std::uint64_t nvme_write_bytes_per_step = 0;
   std::uint64_t resident_peak() const {
     return resident_base + library_temporary + peak_total(MemoryKind::pinned_host) +
            peak_total(MemoryKind::pageable_host) + (device_memory_on_host ? peak_total(MemoryKind::device) : 0);

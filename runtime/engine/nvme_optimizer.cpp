@@ -1,0 +1,596 @@
+#include "nvme_optimizer.hpp"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <system_error>
+
+#include "offload_common.hpp"
+#include "swap_file.hpp"
+#include "zero3/core/error.hpp"
+#include "zero3/core/log.hpp"
+#include "zero3/core/trace.hpp"
+#include "zero3/offload/aio.hpp"
+
+namespace zero3::engine {
+
+namespace {
+
+using config::OptimizerType;
+using offload::AioQueue;
+
+// Elements per step slice: sub_group_size (DeepSpeed's unit of swapping) rounded up to whole fp32 blocks, at
+// most kNvmeSliceElems, and no more than the state rounded up to whole blocks.
+std::size_t slice_elems(const config::Config& config, std::size_t count) {
+  constexpr std::size_t block = offload::kDirectAlign / sizeof(float);
+  const auto blocks = [](std::size_t n) { return std::max<std::size_t>(1, (n + block - 1) / block) * block; };
+  return std::min({kNvmeSliceElems, blocks(sub_group_elems(config, count)), blocks(count)});
+}
+
+// The fp32 tensors of a slice: master, accumulator and the optimizer's moments.
+int slice_tensors(OptimizerType type) {
+  return 2 + state_tensors(type);
+}
+
+// Slices in the ring: one being stepped, plus one read ahead and one written behind when those pipelines are
+// on, or as many as buffer_count (DeepSpeed counts one buffer per tensor) holds, if more.
+std::size_t ring_size(const config::Config& config) {
+  const config::OffloadConfig& o = config.zero.offload_optimizer;
+  const std::size_t stages = 1 + (o.pipeline_read ? 1 : 0) + (o.pipeline_write ? 1 : 0);
+  const auto by_count = static_cast<std::size_t>(std::max<std::int64_t>(o.buffer_count, 0)) /
+                        static_cast<std::size_t>(slice_tensors(config.optimizer->type));
+  return std::max(stages, by_count);
+}
+
+offload::AioOptions aio_options(const config::Config& config) {
+  const config::AioConfig& a = config.aio;
+  offload::AioOptions o;
+  o.block_size = static_cast<std::size_t>(a.block_size);
+  o.queue_depth = static_cast<int>(a.queue_depth);
+  o.intra_op_parallelism = static_cast<int>(a.intra_op_parallelism);
+  o.single_submit = a.single_submit;
+  o.overlap_events = a.overlap_events;
+  return o;
+}
+
+// Directories of this host's jobs whose process is gone (killed before it could remove them): removed, with a
+// warning, so that a crashed job's state does not fill the disk for good.
+void remove_orphans(const std::string& root, const std::string& host) {
+  const std::string prefix = fmt::format("zero3-{}-", host);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix) || !entry.is_directory(ec)) continue;
+    const std::string rest = name.substr(prefix.size());
+    const auto dash = rest.find('-');
+    if (dash == std::string::npos || dash == 0 || rest.find_first_not_of("0123456789") != dash) continue;
+    const auto pid = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code removed;
+    const std::uintmax_t files = std::filesystem::remove_all(entry.path(), removed);
+    if (!removed) {
+      log::warn("NVMe offload: removed {} ({} files) of a job on this host whose process {} is gone",
+                entry.path().string(), files, pid);
+    }
+  }
+}
+
+// The rank's directory under nvme_path, made here and removed (once empty) by the destructor.
+class RankDirectory {
+ public:
+  RankDirectory(const std::string& root, int rank) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    remove_orphans(root, host);
+    static std::atomic<int> made{0};  // engines of one process (a job resuming into a second engine) apart
+    path_ = fmt::format("{}/zero3-{}-{}-{}-rank{}", root, host, ::getpid(), made++, rank);
+    if (::mkdir(path_.c_str(), 0700) != 0) {
+      throw IoError(fmt::format("NVMe offload: cannot create the directory {}: {}", path_,
+                                std::generic_category().message(errno)));
+    }
+  }
+  ~RankDirectory() { ::rmdir(path_.c_str()); }
+  RankDirectory(const RankDirectory&) = delete;
+  RankDirectory& operator=(const RankDirectory&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A gradient piece of the current window, keyed by its first element.
+struct Arrival {
+  std::size_t count = 0;
+  std::size_t stats = 0;   // index into the window's statistics
+  bool final = false;      // its last arrival was in the window's last micro-batch
+  std::size_t logged = 0;  // arrivals written to the logs (log r holds the r-th)
+  bool summed = false;     // the accumulator file holds the sum of every arrival so far
+};
+
+// One slice's buffers in the step's ring.
+struct SliceBuffers {
+  Buffer memory;  // the fp32 tensors, each block-aligned
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  float* grad = nullptr;
+  Buffer params;  // the new compute-dtype params on their way to the device
+  std::unique_ptr<Event> copied;
+  bool copy_pending = false;
+  std::optional<AioQueue::Ticket> read;
+  std::optional<AioQueue::Ticket> write;
+};
+
+class NvmeShardOptimizer final : public ShardOptimizer {
+ public:
+  NvmeShardOptimizer(const config::Config& config, const Layout& layout, Device& device, Stream& stream,
+                     OffloadHost& host, Timeline& timeline, const OffloadOptions& options, const comm::World& world)
+      : config_(*config.optimizer),
+        device_(device),
+        host_(host),
+        timeline_(timeline),
+        comm_dtype_(options.comm_dtype),
+        compute_dtype_(options.compute_dtype),
+        params_on_device_(options.params_on_device),
+        pipeline_read_(config.zero.offload_optimizer.pipeline_read),
+        pipeline_write_(config.zero.offload_optimizer.pipeline_write),
+        count_(layout.state_count),
+        sharded_count_(layout.sharded_state_count),
+        slice_(slice_elems(config, layout.state_count)),
+        has_m_(config_.type != OptimizerType::adagrad),
+        has_v_(config_.type != OptimizerType::lion),
+        segments_(state_segments(layout)),
+        bounds_(host_chunk_bounds(config, 0, layout.state_count)),
+        dir_(*config.zero.offload_optimizer.nvme_path, world.rank),
+        io_(aio_options(config)),
+        worker_io_(aio_options(config)) {
+    (void)stream;
+    if (count_ == 0) return;
+    master_.emplace(dir_.path() + "/master.f32", count_, DType::f32);
+    grad_.emplace(dir_.path() + "/grad.f32", count_, DType::f32);
+    if (has_m_) exp_avg_.emplace(dir_.path() + "/exp_avg.f32", count_, DType::f32);
+    if (has_v_) exp_avg_sq_.emplace(dir_.path() + "/exp_avg_sq.f32", count_, DType::f32);
+    // Every file the configured window needs is reserved now, so a disk that fills up later cannot fail a step.
+    for (std::int64_t i = 1; i < config.batch.gradient_accumulation_steps; ++i) log(static_cast<std::size_t>(i - 1));
+    const bool pinned = config.zero.offload_optimizer.pin_memory;
+    const auto allocate = [&](std::size_t n, DType dtype, MemCategory category) {
+      return host.allocate(device, n, dtype, pinned, category);
+    };
+    const std::size_t tensors = static_cast<std::size_t>(slice_tensors(config_.type));
+    constexpr std::size_t align_elems = offload::kDirectAlign / sizeof(float);
+    for (std::size_t i = 0, n = ring_size(config); i < n; ++i) {
+      SliceBuffers b;
+      b.memory = allocate(tensors * slice_ + align_elems, DType::f32, MemCategory::optim_state);
+      // The first block boundary inside the allocation (O_DIRECT transfers start on one).
+      const auto address = reinterpret_cast<std::uintptr_t>(b.memory.data());
+      float* base = b.memory.view().as<float>() + (offload::direct_align_up(address) - address) / sizeof(float);
+      std::size_t next = 0;
+      b.master = base + slice_ * next++;
+      b.grad = base + slice_ * next++;
+      if (has_m_) b.exp_avg = base + slice_ * next++;
+      if (has_v_) b.exp_avg_sq = base + slice_ * next++;
+      if (params_on_device_) b.params = allocate(slice_, compute_dtype_, MemCategory::staging);
+      b.copied = device.create_event();
+      ring_.push_back(std::move(b));
+    }
+    slots_.emplace(device, staging_slot_elems(layout), comm_dtype_,
+                   [&](std::size_t n, DType dtype) { return allocate(n, dtype, MemCategory::staging); });
+    sum_.resize(slots_->elems());
+    log_values_ = offload::AlignedBuffer(slots_->elems() * size_of(comm_dtype_));
+    host_scalars_ = device.allocate(2, DType::f32, device.caps().host_staging, MemCategory::staging);
+    device_scalars_ = device.allocate(2, DType::f32, MemoryKind::device, MemCategory::workspace);
+  }
+
+  ~NvmeShardOptimizer() override {
+    try {
+      worker_.drain();
+      io_.wait_all();
+    } catch (...) {  // reported by the call that failed; nothing more to do while tearing down
+    }
+  }
+
+  const StatePieces& pieces(TensorKind kind) const override {
+    (void)kind;
+    static const StatePieces kNone;
+    return kNone;
+  }
+
+  bool keeps(TensorKind kind) const override { return file_of(kind) != nullptr; }
+
+  bool step_may_fail_locally() const override { return true; }
+
+  void set_final_micro_step(bool final) override { final_ = final; }
+
+  void prepare_read() override {
+    if (count_ == 0) return;
+    on_worker([&] { finish_window(); });
+  }
+
+  void accumulate(std::size_t offset, ConstBufferView reduced, Stream& stream) override {
+    std::size_t done = 0;
+    while (done < reduced.count) {
+      const std::size_t at = offset + done;
+      const auto chunk =
+          std::prev(std::upper_bound(bounds_.begin(), bounds_.end(), std::make_pair(at, ~std::size_t{0})));
+      const std::size_t n = std::min({reduced.count - done, chunk->first + chunk->second - at, slots_->elems()});
+      arrive(at, reduced.slice(done, n), stream);
+      done += n;
+    }
+  }
+
+  void grad_stats(Stream& stream, BufferView scalars, bool check_overflow, bool include_persistent) override {
+    if (count_ == 0) return;
+    on_worker([&] { finish_window(); });
+    // Summed as CPU offload sums them (offload_optimizer.cpp), so the norm is the same.
+    offload::GradStats sharded;
+    offload::GradStats persistent;
+    for (const auto& [at, a] : window_) {
+      if (at >= sharded_count_ && !include_persistent) continue;
+      (at < sharded_count_ ? sharded : persistent) += stats_[a.stats];
+    }
+    float sum_sq = static_cast<float>(sharded.sum_sq);
+    if (include_persistent) sum_sq = static_cast<float>(static_cast<double>(sum_sq) + persistent.sum_sq);
+    float* h = host_scalars_.view().as<float>();
+    h[0] = check_overflow && (sharded.nonfinite || persistent.nonfinite) ? 1.0f : 0.0f;
+    h[1] = sum_sq;
+    device_.copy_async(device_scalars_.view(), host_scalars_.cview(), stream);
+    stream.device().kernels().accumulate(stream, scalars, device_scalars_.cview(), 1.0f);
+  }
+
+  void clear_grads(Stream& stream) override {
+    (void)stream;
+    if (count_ == 0) return;
+    worker_.drain();
+    window_.clear();  // the next window's first arrivals overwrite
+    stats_.clear();
+    gaps_zeroed_ = false;
+  }
+
+  void step(Stream& stream, const OptimizerStepArgs& args, BufferView params) override {
+    if (count_ == 0) return;
+    on_worker([&] { finish_window(); });
+    const std::size_t slices = (count_ + slice_ - 1) / slice_;
+    const std::size_t ring = ring_.size();
+    const std::size_t ahead = pipeline_read_ ? ring - 1 - (pipeline_write_ && ring > 1 ? 1 : 0) : 0;
+    const bool stream_params = count_ * size_of(compute_dtype_) >= offload::kStreamParamMinBytes;
+    std::size_t next_read = 0;
+    for (std::size_t k = 0; k < slices; ++k) {
+      while (next_read < slices && next_read <= k + ahead) read_slice(next_read++);
+      SliceBuffers& b = ring_[k % ring];
+      const std::size_t first = k * slice_;
+      const std::size_t n = std::min(slice_, count_ - first);
+      {
+        const trace::Scope span("nvme", fmt::format("wait read {} elements", n));
+        io_.wait(*b.read);
+        b.read.reset();
+      }
+      void* out =
+          params_on_device_ ? b.params.data() : static_cast<std::byte*>(params.data) + first * size_of(params.dtype);
+      step_slice(args, b, first, n, out, stream_params);
+      b.write = master_->write_blocks(io_, first, n, b.master);
+      if (has_m_) b.write = exp_avg_->write_blocks(io_, first, n, b.exp_avg);
+      if (has_v_) b.write = exp_avg_sq_->write_blocks(io_, first, n, b.exp_avg_sq);
+      if (!pipeline_write_) {
+        io_.wait(*b.write);
+        b.write.reset();
+      }
+      if (params_on_device_) {
+        const std::uint64_t copy = timeline_.begin(stream, Timeline::Lane::h2d);
+        device_.copy_async(params.slice(first, n), b.params.cview().slice(0, n), stream);
+        timeline_.end(stream, copy);
+        timeline_.add_bytes(Timeline::Lane::h2d, n * size_of(compute_dtype_));
+        stream.record(*b.copied);
+        b.copy_pending = true;
+      }
+    }
+    io_.wait_all();  // the state on disk is the new one when step() returns
+    for (SliceBuffers& b : ring_) b.write.reset();
+  }
+
+  void copy_out(Device& device, TensorKind kind, std::size_t offset, BufferView dst, Stream& stream) override {
+    stream.synchronize();
+    transfer(device, require(kind), offset, dst.count, dst.kind, dst.data, /*to_file=*/false, stream);
+  }
+
+  void copy_in(Device& device, TensorKind kind, std::size_t offset, ConstBufferView src, Stream& stream) override {
+    stream.synchronize();
+    transfer(device, require(kind), offset, src.count, src.kind, const_cast<void*>(src.data), /*to_file=*/true, stream);
+  }
+
+  void zero_moments(Stream& stream) override {
+    stream.synchronize();
+    for (std::optional<SwapFile>* f : {&exp_avg_, &exp_avg_sq_}) {
+      if (f->has_value()) (*f)->zero(io_, bounce_, 0, count_);
+    }
+  }
+
+ private:
+  const SwapFile* file_of(TensorKind kind) const {
+    switch (kind) {
+      case TensorKind::master:
+        return master_ ? &*master_ : nullptr;
+      case TensorKind::exp_avg:
+        return exp_avg_ ? &*exp_avg_ : nullptr;
+      case TensorKind::exp_avg_sq:
+        return exp_avg_sq_ ? &*exp_avg_sq_ : nullptr;
+      case TensorKind::grad:
+        return grad_ ? &*grad_ : nullptr;
+      case TensorKind::param:
+        break;
+    }
+    return nullptr;
+  }
+
+  SwapFile& require(TensorKind kind) {
+    const SwapFile* f = file_of(kind);
+    ZERO3_CHECK(f != nullptr, "NVMe offload: no such state tensor");
+    return const_cast<SwapFile&>(*f);
+  }
+
+  // Runs fn on the worker after everything queued before it, and waits (the worker's queue and buffers are
+  // then used by one thread only).
+  template <typename Fn>
+  void on_worker(Fn&& fn) {
+    worker_.submit([&fn] { fn(); });
+    worker_.drain();
+  }
+
+  // Between the file and host or device memory, in bounce-sized pieces (device memory through host staging).
+  void transfer(Device& device, SwapFile& file, std::size_t offset, std::size_t count, MemoryKind kind, void* data,
+                bool to_file, Stream& stream) {
+    const std::size_t elem = size_of(file.dtype());
+    if (kind != MemoryKind::device) {
+      if (to_file) {
+        file.write(io_, bounce_, offset, count, data);
+      } else {
+        file.read(io_, bounce_, offset, count, data);
+      }
+      return;
+    }
+    const std::size_t per = std::min(count, SwapFile::kBounceBytes / elem);
+    Buffer host = device.allocate(per, file.dtype(), device.caps().host_staging, MemCategory::staging);
+    for (std::size_t done = 0; done < count; done += per) {
+      const std::size_t n = std::min(per, count - done);
+      const BufferView dev{static_cast<std::byte*>(data) + done * elem, n, file.dtype(), MemoryKind::device};
+      if (to_file) {
+        device.copy_async(host.view().slice(0, n), dev, stream);
+        stream.synchronize();
+        file.write(io_, bounce_, offset + done, n, host.data());
+      } else {
+        file.read(io_, bounce_, offset + done, n, host.data());
+        device.copy_async(dev, host.cview().slice(0, n), stream);
+        stream.synchronize();
+      }
+    }
+  }
+
+  // Log r: the comm-dtype values of the r-th arrival of each piece in the window (made at start-up for the
+  // configured window, later for a longer one).
+  SwapFile& log(std::size_t r) {
+    while (logs_.size() <= r) {
+      logs_.push_back(std::make_unique<SwapFile>(
+          fmt::format("{}/grad-log{}.{}", dir_.path(), logs_.size(), dtype_name(comm_dtype_)), count_, comm_dtype_));
+    }
+    return *logs_[r];
+  }
+
+  // Worker: sum_[0, n) = the piece's logged arrivals added in order (0 + g1 + ...), then `fresh` (comm dtype)
+  // when given, with the statistics of the result taken in that last pass (as CPU offload takes them for a
+  // piece that arrives in the window's last micro-batch); without `fresh`, the statistics in a pass of their
+  // own (as CPU offload takes them for a piece whose last arrival was earlier).
+  offload::GradStats sum_arrivals(std::size_t at, std::size_t n, std::size_t logged, const void* fresh) {
+    const offload::SimdPath simd = host_.simd();
+    const std::size_t elem = size_of(comm_dtype_);
+    float* acc = sum_.data();
+    const auto add = [&](const void* src, bool first, bool want_stats) {
+      return host_.pool().reduce_tiles(n, kGradTileElems, [&](std::size_t b, std::size_t e) {
+        if (first) std::memset(acc + b, 0, (e - b) * sizeof(float));
+        return offload::accumulate_range(simd, acc + b, static_cast<const std::byte*>(src) + b * elem, comm_dtype_,
+                                         1.0f, e - b, want_stats);
+      });
+    };
+    for (std::size_t r = 0; r < logged; ++r) {
+      log(r).read(worker_io_, worker_bounce_, at, n, log_values_.data());
+      add(log_values_.data(), r == 0, false);
+    }
+    if (fresh != nullptr) return add(fresh, logged == 0, true);
+    if (logged == 0) std::memset(acc, 0, n * sizeof(float));
+    return host_.pool().reduce_tiles(n, kGradTileElems, [&](std::size_t b, std::size_t e) {
+      return offload::grad_stats_range(simd, acc + b, e - b);
+    });
+  }
+
+  void arrive(std::size_t at, ConstBufferView piece, Stream& stream) {
+    StagingSlots::Slot& slot = slots_->stage(device_, timeline_, piece, stream);
+    const auto [it, first] = window_.try_emplace(at);
+    Arrival& a = it->second;
+    ZERO3_CHECK(first || a.count == piece.count, "offload: gradient pieces changed shape within a window");
+    a.count = piece.count;
+    a.final = final_;
+    a.stats = stats_.size();
+    stats_.emplace_back();
+    offload::GradStats* out = &stats_.back();  // deque: stays put while later entries are added
+    Arrival* arrival = &a;                     // map: stays put too; read and written by the worker only now
+    const bool final = final_;
+    const std::size_t n = piece.count;
+    worker_.submit([this, &slot, at, n, arrival, final, out] {
+      slot.copied->synchronize();
+      const trace::Scope span("nvme", fmt::format("gradients {} elements", n));
+      const auto start = Timeline::Clock::now();
+      if (final) {
+        *out = sum_arrivals(at, n, arrival->logged, slot.buffer.data());
+        grad_->write(worker_io_, worker_bounce_, at, n, sum_.data());
+        arrival->summed = true;
+      } else {
+        log(arrival->logged).write(worker_io_, worker_bounce_, at, n, slot.buffer.data());
+        ++arrival->logged;
+        arrival->summed = false;
+      }
+      timeline_.host(Timeline::Lane::cpu, start, Timeline::Clock::now());
+      slots_->release(slot);
+    });
+  }
+
+  // Worker: the accumulator file holds this window's sums everywhere (pieces whose last arrival was not in
+  // the last micro-batch summed now, with their statistics; ranges no gradient reached zeroed).
+  void finish_window() {
+    for (auto& [at, a] : window_) {
+      if (a.summed) continue;
+      stats_[a.stats] = sum_arrivals(at, a.count, a.logged, nullptr);
+      grad_->write(worker_io_, worker_bounce_, at, a.count, sum_.data());
+      a.summed = true;
+    }
+    if (gaps_zeroed_) return;
+    std::size_t done = 0;
+    for (const auto& [at, a] : window_) {
+      if (at > done) grad_->zero(worker_io_, worker_bounce_, done, at - done);
+      done = std::max(done, at + a.count);
+    }
+    if (done < count_) grad_->zero(worker_io_, worker_bounce_, done, count_ - done);
+    gaps_zeroed_ = true;
+  }
+
+  void read_slice(std::size_t k) {
+    SliceBuffers& b = ring_[k % ring_.size()];
+    if (b.write) {  // the slice it held last is on its way to the disk
+      io_.wait(*b.write);
+      b.write.reset();
+    }
+    if (b.copy_pending) {  // and its params on their way to the device
+      b.copied->synchronize();
+      b.copy_pending = false;
+    }
+    const std::size_t first = k * slice_;
+    const std::size_t n = std::min(slice_, count_ - first);
+    b.read = master_->read_blocks(io_, first, n, b.master);
+    b.read = grad_->read_blocks(io_, first, n, b.grad);
+    if (has_m_) b.read = exp_avg_->read_blocks(io_, first, n, b.exp_avg);
+    if (has_v_) b.read = exp_avg_sq_->read_blocks(io_, first, n, b.exp_avg_sq);
+  }
+
+  void step_slice(const OptimizerStepArgs& args, SliceBuffers& b, std::size_t first, std::size_t n, void* out,
+                  bool stream_params) {
+    const trace::Scope span("cpu optimizer", fmt::format("step {} params", n));
+    const auto start = Timeline::Clock::now();
+    const offload::SimdPath simd = host_.simd();
+    const auto first_segment =
+        std::lower_bound(segments_.begin(), segments_.end(), first,
+                         [](const StateSegment& seg, std::size_t at) { return seg.offset + seg.count <= at; });
+    host_.pool().for_tiles(n, offload::kCpuStepTileElems, [&](std::size_t tb, std::size_t te) {
+      for (auto seg = first_segment; seg != segments_.end() && seg->offset < first + te; ++seg) {
+        const std::size_t sb = std::max(first + tb, seg->offset) - first;
+        const std::size_t se = std::min(first + te, seg->offset + seg->count) - first;
+        if (sb >= se) continue;
+        offload::StepSpan s;
+        s.master = b.master + sb;
+        s.exp_avg = b.exp_avg == nullptr ? nullptr : b.exp_avg + sb;
+        s.exp_avg_sq = b.exp_avg_sq == nullptr ? nullptr : b.exp_avg_sq + sb;
+        s.grad = b.grad + sb;
+        s.grad_dtype = DType::f32;
+        s.param = static_cast<std::byte*>(out) + sb * size_of(compute_dtype_);
+        s.param_dtype = compute_dtype_;
+        s.count = se - sb;
+        s.stream_param = stream_params;
+        step_span(simd, config_, args, *seg, s);
+      }
+    });
+    timeline_.host(Timeline::Lane::cpu, start, Timeline::Clock::now());
+  }
+
+  config::OptimizerConfig config_;
+  Device& device_;
+  OffloadHost& host_;
+  Timeline& timeline_;
+  DType comm_dtype_;
+  DType compute_dtype_;
+  bool params_on_device_;
+  bool pipeline_read_;
+  bool pipeline_write_;
+  std::size_t count_;
+  std::size_t sharded_count_;
+  std::size_t slice_;
+  bool has_m_;
+  bool has_v_;
+  std::vector<StateSegment> segments_;
+  std::vector<std::pair<std::size_t, std::size_t>> bounds_;
+  RankDirectory dir_;  // before the files: removed after them
+  std::optional<SwapFile> master_;
+  std::optional<SwapFile> grad_;
+  std::optional<SwapFile> exp_avg_;
+  std::optional<SwapFile> exp_avg_sq_;
+  std::vector<std::unique_ptr<SwapFile>> logs_;
+  AioQueue io_;  // the engine thread's: the step's slices, copy_out/copy_in
+  offload::AlignedBuffer bounce_;
+  AioQueue worker_io_;  // the worker's: gradients
+  offload::AlignedBuffer worker_bounce_;
+  std::vector<float> sum_;
+  offload::AlignedBuffer log_values_;
+  std::vector<SliceBuffers> ring_;
+  std::optional<StagingSlots> slots_;
+  Buffer host_scalars_;
+  Buffer device_scalars_;
+  bool final_ = false;
+  bool gaps_zeroed_ = false;
+  std::map<std::size_t, Arrival> window_;
+  std::deque<offload::GradStats> stats_;
+  HostWorker worker_;  // last: joined first, while everything its tasks touch still exists
+};
+
+}  // namespace
+
+MemoryTable nvme_optimizer_memory(const config::Config& config, const Layout& layout, const OffloadOptions& options,
+                                  DeviceKind device) {
+  MemoryTable t;
+  const config::OffloadConfig& off = config.zero.offload_optimizer;
+  if (off.device != config::OffloadDevice::nvme || !config.optimizer || layout.state_count == 0) return t;
+  const MemoryKind kind = off.pin_memory ? MemoryKind::pinned_host : MemoryKind::pageable_host;
+  const std::uint64_t slice = slice_elems(config, layout.state_count);
+  const std::uint64_t ring = ring_size(config);
+  const auto tensors = static_cast<std::uint64_t>(slice_tensors(config.optimizer->type));
+  t.at(kind, MemCategory::optim_state) += ring * (tensors * slice * 4 + offload::kDirectAlign);
+  if (options.params_on_device) t.at(kind, MemCategory::staging) += ring * slice * size_of(options.compute_dtype);
+  const std::uint64_t slot = staging_slot_elems(layout);
+  t.at(kind, MemCategory::staging) += kSlots * slot * size_of(options.comm_dtype);
+  // The worker's sum and log buffers, and two bounce buffers (pageable).
+  t.at(MemoryKind::pageable_host, MemCategory::staging) +=
+      slot * (4 + size_of(options.comm_dtype)) + 2 * (SwapFile::kBounceBytes + 2 * offload::kDirectAlign);
+  t.at(device_caps(device).host_staging, MemCategory::staging) += 2 * sizeof(float);
+  t.at(MemoryKind::device, MemCategory::workspace) += 2 * sizeof(float);
+  return t;
+}
+
+std::uint64_t nvme_optimizer_disk_bytes(const config::Config& config, const Layout& layout,
+                                        const OffloadOptions& options) {
+  if (config.zero.offload_optimizer.device != config::OffloadDevice::nvme || !config.optimizer) return 0;
+  const std::uint64_t n = layout.state_count;
+  const auto tensors = static_cast<std::uint64_t>(slice_tensors(config.optimizer->type));
+  const auto logs = static_cast<std::uint64_t>(std::max<std::int64_t>(config.batch.gradient_accumulation_steps - 1, 0));
+  return tensors * offload::direct_align_up(4 * n) + logs * offload::direct_align_up(n * size_of(options.comm_dtype));
+}
+
+NvmeTraffic nvme_optimizer_traffic(const config::Config& config, const Layout& layout, const OffloadOptions& options) {
+  if (config.zero.offload_optimizer.device != config::OffloadDevice::nvme || !config.optimizer) return {};
+  const std::uint64_t n = layout.state_count;
+  const auto tensors = static_cast<std::uint64_t>(slice_tensors(config.optimizer->type));
+  const auto logs = static_cast<std::uint64_t>(std::max<std::int64_t>(config.batch.gradient_accumulation_steps - 1, 0));
+  const std::uint64_t log_bytes = logs * n * size_of(options.comm_dtype);
+  return {.read_bytes = tensors * 4 * n + log_bytes, .write_bytes = tensors * 4 * n + log_bytes};
+}
+
+std::unique_ptr<ShardOptimizer> make_nvme_optimizer(const config::Config& config, const Layout& layout, Device& device,
+                                                    Stream& stream, OffloadHost& host, Timeline& timeline,
+                                                    const OffloadOptions& options, const comm::World& world) {
+  return std::make_unique<NvmeShardOptimizer>(config, layout, device, stream, host, timeline, options, world);
+}
+
+}  // namespace zero3::engine
