@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -218,6 +219,7 @@ struct AioQueue::Impl {
   Ticket last = 0;
   int inflight = 0;
   bool stop = false;
+  Counters counters;  // under mu
 
   // io_uring: the ring, the eventfd the owner writes to wake the ring thread, and the in-flight requests by
   // slot (the slot is the SQE's user_data).
@@ -326,6 +328,7 @@ AioQueue::Ticket AioQueue::Impl::enqueue(Op op, const DirectFile& file, std::uin
   {
     std::lock_guard lock(mu);
     ticket = ++last;
+    (op == Op::kRead ? counters.read_bytes : counters.write_bytes) += bytes;
     TicketState& state = states.emplace_back();
     state.path = file.path();
     for (std::size_t at = 0; at < bytes; at += request_bytes) {
@@ -372,12 +375,17 @@ std::optional<std::string> AioQueue::Impl::wait_through(Ticket ticket) {
   std::unique_lock lock(mu);
   if (ticket < base) return std::nullopt;  // waited for already
   const std::size_t count = ticket - base + 1;
-  done_cv.wait(lock, [&] {
+  const auto finished = [&] {
     for (std::size_t i = 0; i < count; ++i) {
       if (states[i].outstanding != 0) return false;
     }
     return true;
-  });
+  };
+  if (!finished()) {
+    const auto start = std::chrono::steady_clock::now();
+    done_cv.wait(lock, finished);
+    counters.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   std::optional<std::string> failure;
   for (std::size_t i = 0; i < count; ++i) {
     if (!failure && states.front().failed_offset) failure = std::move(states.front().failure);
@@ -528,6 +536,11 @@ void AioQueue::wait_all() {
     last = impl_->last;
   }
   if (std::optional<std::string> failure = impl_->wait_through(last)) throw IoError(*failure);
+}
+
+AioQueue::Counters AioQueue::counters() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->counters;
 }
 
 std::string AioQueue::backend() const {

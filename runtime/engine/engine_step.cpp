@@ -77,6 +77,7 @@ void Engine::Impl::step_boundary(StepResult& r) {
   if (timed) comm_stream->synchronize();
   const engine::Timeline::Summary times = timeline->summarize();
   stats.last_step_offload = times.offload;
+  stats.last_step_disk = times.disk;
   if (timed) {
     const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
     stats.last_step_times.gather_wait_ms = times.gather_wait_ms;

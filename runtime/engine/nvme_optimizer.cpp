@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -251,6 +252,7 @@ class NvmeShardOptimizer final : public ShardOptimizer {
     (void)stream;
     if (count_ == 0) return;
     worker_.drain();
+    report_grad_traffic();
     window_.clear();  // the next window's first arrivals overwrite
     stats_.clear();
     gaps_zeroed_ = false;
@@ -259,6 +261,8 @@ class NvmeShardOptimizer final : public ShardOptimizer {
   void step(Stream& stream, const OptimizerStepArgs& args, BufferView params) override {
     if (count_ == 0) return;
     on_worker([&] { finish_window(); });
+    const AioQueue::Counters before = io_.counters();
+    const auto started = Timeline::Clock::now();
     const std::size_t slices = (count_ + slice_ - 1) / slice_;
     const std::size_t ring = ring_.size();
     const std::size_t ahead = pipeline_read_ ? ring - 1 - (pipeline_write_ && ring > 1 ? 1 : 0) : 0;
@@ -295,6 +299,13 @@ class NvmeShardOptimizer final : public ShardOptimizer {
     }
     io_.wait_all();  // the state on disk is the new one when step() returns
     for (SliceBuffers& b : ring_) b.write.reset();
+    const AioQueue::Counters after = io_.counters();
+    DiskTimes disk;
+    disk.step_read_bytes = after.read_bytes - before.read_bytes;
+    disk.step_write_bytes = after.write_bytes - before.write_bytes;
+    disk.step_ms = std::chrono::duration<double, std::milli>(Timeline::Clock::now() - started).count();
+    disk.step_wait_ms = (after.wait_s - before.wait_s) * 1e3;
+    timeline_.add_disk(disk);
   }
 
   void copy_out(Device& device, TensorKind kind, std::size_t offset, BufferView dst, Stream& stream) override {
@@ -441,6 +452,17 @@ class NvmeShardOptimizer final : public ShardOptimizer {
     });
   }
 
+  // The gradient worker's disk traffic since the last report (the worker is drained).
+  void report_grad_traffic() {
+    const AioQueue::Counters now = worker_io_.counters();
+    DiskTimes disk;
+    disk.grad_read_bytes = now.read_bytes - grad_reported_.read_bytes;
+    disk.grad_write_bytes = now.write_bytes - grad_reported_.write_bytes;
+    disk.grad_wait_ms = (now.wait_s - grad_reported_.wait_s) * 1e3;
+    grad_reported_ = now;
+    timeline_.add_disk(disk);
+  }
+
   // Worker: the accumulator file holds this window's sums everywhere (pieces whose last arrival was not in
   // the last micro-batch summed now, with their statistics; ranges no gradient reached zeroed).
   void finish_window() {
@@ -531,7 +553,8 @@ class NvmeShardOptimizer final : public ShardOptimizer {
   std::vector<std::unique_ptr<SwapFile>> logs_;
   AioQueue io_;  // the engine thread's: the step's slices, copy_out/copy_in
   offload::AlignedBuffer bounce_;
-  AioQueue worker_io_;  // the worker's: gradients
+  AioQueue worker_io_;                // the worker's: gradients
+  AioQueue::Counters grad_reported_;  // worker_io_'s counters at the last report_grad_traffic()
   offload::AlignedBuffer worker_bounce_;
   std::vector<float> sum_;
   offload::AlignedBuffer log_values_;

@@ -45,6 +45,11 @@ void Timeline::add_bytes(Lane lane, std::uint64_t bytes) {
   (lane == Lane::d2h ? d2h_bytes_ : h2d_bytes_) += bytes;
 }
 
+void Timeline::add_disk(const DiskTimes& disk) {
+  std::lock_guard lock(mutex_);
+  disk_ += disk;
+}
+
 namespace {
 
 using Span = std::pair<Timeline::Clock::time_point, Timeline::Clock::time_point>;
@@ -85,6 +90,7 @@ Timeline::Summary Timeline::summarize() {
     }
     t.d2h_bytes = std::exchange(d2h_bytes_, 0);
     t.h2d_bytes = std::exchange(h2d_bytes_, 0);
+    summary.disk = std::exchange(disk_, {});
   }
   std::vector<Span> copies;
   std::vector<Span> other;

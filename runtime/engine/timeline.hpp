@@ -34,9 +34,12 @@ class Timeline {
   void host(Lane lane, Clock::time_point start, Clock::time_point end);
   // Bytes moved by the copies of a lane (always counted).
   void add_bytes(Lane lane, std::uint64_t bytes);
+  // Disk traffic and waits of NVMe offload (always counted).
+  void add_disk(const DiskTimes& disk);
 
   struct Summary {
     OffloadTimes offload;
+    DiskTimes disk;
     double gather_wait_ms = 0.0;
   };
   // Totals of the intervals completed since the last call (both stamps taken), which it forgets;
@@ -57,6 +60,7 @@ class Timeline {
   std::unordered_map<std::uint64_t, Interval> intervals_;
   std::uint64_t d2h_bytes_ = 0;
   std::uint64_t h2d_bytes_ = 0;
+  DiskTimes disk_;
 };
 
 }  // namespace zero3::engine

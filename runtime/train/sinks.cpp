@@ -32,6 +32,18 @@ nlohmann::json split_json(const StepSplit& s) {
           {"total", s.total_ms()}};
 }
 
+// NVMe offload's disk figures of the split, or null without NVMe offload.
+nlohmann::json disk_json(const StepSplit& s) {
+  if (s.disk_step_ms == 0.0 && s.disk_grad_write_bytes == 0.0) return nullptr;
+  return {{"step_ms", s.disk_step_ms},
+          {"step_wait_ms", s.disk_step_wait_ms},
+          {"grad_wait_ms", s.disk_grad_wait_ms},
+          {"step_read_bytes", s.disk_step_read_bytes},
+          {"step_write_bytes", s.disk_step_write_bytes},
+          {"grad_read_bytes", s.disk_grad_read_bytes},
+          {"grad_write_bytes", s.disk_grad_write_bytes}};
+}
+
 }  // namespace
 
 void LogLine::on_resume(const ckpt::LoadResult& loaded) {
@@ -57,6 +69,16 @@ void LogLine::on_log(const LogEvent& e) {
         "gathers {:.2f}, reductions {:.2f}, offload copies {:.2f}, checkpointed-input copies {:.2f}\n",
         s.total_ms(), s.forward_ms, s.backward_ms, s.step_ms, s.optimizer_ms, s.gather_wait_ms, s.reduce_wait_ms,
         s.copies_exposed_ms, s.kept_copies_ms);
+    if (s.disk_step_ms > 0.0) {
+      constexpr double kGB = 1e9;
+      const double moved = s.disk_step_read_bytes + s.disk_step_write_bytes;
+      fmt::print(
+          "  disk (NVMe offload): the update read {:.2f} GB and wrote {:.2f} GB in {:.0f} ms ({:.2f} GB/s; "
+          "waiting {:.0f} ms); gradients read {:.2f} GB, wrote {:.2f} GB (waiting {:.0f} ms)\n",
+          s.disk_step_read_bytes / kGB, s.disk_step_write_bytes / kGB, s.disk_step_ms,
+          moved / kGB / (s.disk_step_ms / 1e3), s.disk_step_wait_ms, s.disk_grad_read_bytes / kGB,
+          s.disk_grad_write_bytes / kGB, s.disk_grad_wait_ms);
+    }
   }
   if (!e.memory_phases.empty()) fmt::print("{}", memory_phase_lines(e.memory_phases));
   std::fflush(stdout);
@@ -138,7 +160,10 @@ void JsonlMetrics::on_log(const LogEvent& e) {
                          {"skipped_steps", e.result.skipped_steps},
                          {"tokens_per_s", e.tokens_per_s}};
   if (e.entropy_floor) line["entropy_floor"] = *e.entropy_floor;
-  if (e.timed) line["time_ms"] = split_json(e.split);
+  if (e.timed) {
+    line["time_ms"] = split_json(e.split);
+    if (nlohmann::json disk = disk_json(e.split); !disk.is_null()) line["disk"] = std::move(disk);
+  }
   if (!e.memory_phases.empty()) {
     nlohmann::json phases = nlohmann::json::array();
     for (const MemoryTracker::PhaseStats& p : e.memory_phases) {

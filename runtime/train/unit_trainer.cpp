@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -41,6 +42,21 @@ ActivationPlan plan_activations(const models::UnitModel& model, const config::Co
           .offloaded_bytes = model.planned_offloaded_bytes(shape)};
 }
 
+namespace {
+
+// The disk figures of `to` beside the same ones of `from`.
+std::array<std::pair<double*, const double*>, 7> disk_fields(StepSplit& to, const StepSplit& from) {
+  return {{{&to.disk_step_ms, &from.disk_step_ms},
+           {&to.disk_step_wait_ms, &from.disk_step_wait_ms},
+           {&to.disk_grad_wait_ms, &from.disk_grad_wait_ms},
+           {&to.disk_step_read_bytes, &from.disk_step_read_bytes},
+           {&to.disk_step_write_bytes, &from.disk_step_write_bytes},
+           {&to.disk_grad_read_bytes, &from.disk_grad_read_bytes},
+           {&to.disk_grad_write_bytes, &from.disk_grad_write_bytes}}};
+}
+
+}  // namespace
+
 StepSplit& StepSplit::operator+=(const StepSplit& o) {
   forward_ms += o.forward_ms;
   backward_ms += o.backward_ms;
@@ -50,6 +66,7 @@ StepSplit& StepSplit::operator+=(const StepSplit& o) {
   optimizer_ms += o.optimizer_ms;
   copies_exposed_ms += o.copies_exposed_ms;
   kept_copies_ms += o.kept_copies_ms;
+  for (auto [a, b] : disk_fields(*this, o)) *a += *b;
   return *this;
 }
 
@@ -59,6 +76,7 @@ StepSplit StepSplit::scaled(double f) const {
                     &s.copies_exposed_ms, &s.kept_copies_ms}) {
     *v *= f;
   }
+  for (auto [a, b] : disk_fields(s, *this)) *a = *b * f;
   return s;
 }
 
@@ -222,6 +240,14 @@ StepResult UnitTrainer::step() {
     window_.optimizer_ms = s.last_step_times.optimizer_ms;
     const OffloadTimes& o = s.last_step_offload;
     window_.copies_exposed_ms = std::max(0.0, o.d2h_ms + o.h2d_ms - o.copies_hidden_ms);
+    const DiskTimes& d = s.last_step_disk;
+    window_.disk_step_ms = d.step_ms;
+    window_.disk_step_wait_ms = d.step_wait_ms;
+    window_.disk_grad_wait_ms = d.grad_wait_ms;
+    window_.disk_step_read_bytes = static_cast<double>(d.step_read_bytes);
+    window_.disk_step_write_bytes = static_cast<double>(d.step_write_bytes);
+    window_.disk_grad_read_bytes = static_cast<double>(d.grad_read_bytes);
+    window_.disk_grad_write_bytes = static_cast<double>(d.grad_write_bytes);
     last_split_ = timed_ ? window_ : StepSplit{};
     window_ = {};
   }

@@ -36,6 +36,31 @@ struct OffloadTimes {
   double cpu_ms = 0.0;            // CPU work: gradient accumulation and the optimizer step
 };
 
+// NVMe offload's disk traffic in one accumulation window, per rank (always measured: byte counts and the
+// time threads blocked on the disk, from zero3/offload/aio.hpp's counters). "step": the optimizer update,
+// which reads master, moments and accumulators and writes master and moments; "grad": the gradients of the
+// window (logs and accumulators written by the gradient worker, logs read back).
+struct DiskTimes {
+  std::uint64_t step_read_bytes = 0;
+  std::uint64_t step_write_bytes = 0;
+  std::uint64_t grad_read_bytes = 0;
+  std::uint64_t grad_write_bytes = 0;
+  double step_ms = 0.0;       // the update, from its first read to its last write on the disk
+  double step_wait_ms = 0.0;  // of step_ms, the engine thread blocked on the disk (not hidden by the CPU step)
+  double grad_wait_ms = 0.0;  // the gradient worker blocked on the disk
+
+  DiskTimes& operator+=(const DiskTimes& o) {
+    step_read_bytes += o.step_read_bytes;
+    step_write_bytes += o.step_write_bytes;
+    grad_read_bytes += o.grad_read_bytes;
+    grad_write_bytes += o.grad_write_bytes;
+    step_ms += o.step_ms;
+    step_wait_ms += o.step_wait_ms;
+    grad_wait_ms += o.grad_wait_ms;
+    return *this;
+  }
+};
+
 // Where the engine's part of the last accumulation window's time went, measured only with
 // wall_clock_breakdown. Gather waits come from timestamps taken in stream order around the compute stream's
 // wait for each gather (a host callback each on CUDA); at the boundary step() synchronizes the
@@ -64,6 +89,7 @@ struct EngineStats {
   // CPU offload traffic of the last completed accumulation window (copies and CPU work complete by its
   // boundary: the previous step's host-to-device copies, this window's gradients).
   OffloadTimes last_step_offload;
+  DiskTimes last_step_disk;   // NVMe offload of the optimizer; zeros otherwise
   StepTimes last_step_times;  // with wall_clock_breakdown; zeros otherwise
 };
 

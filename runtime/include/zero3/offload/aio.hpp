@@ -128,6 +128,15 @@ class AioQueue {
   void wait(Ticket ticket);
   void wait_all();
 
+  // Since the queue was made: bytes queued for reading and for writing, and the time callers spent
+  // blocked in wait() and wait_all() (the part of the transfers the owner's own work did not hide).
+  struct Counters {
+    std::uint64_t read_bytes = 0;
+    std::uint64_t write_bytes = 0;
+    double wait_s = 0.0;
+  };
+  Counters counters() const;
+
   // "io_uring" or "pread/pwrite threads (io_uring: <reason>)"; the reason is the failed call's strerror,
   // "no IORING_OP_READ/WRITE/POLL_ADD (kernel before 5.6)" or "not used (AioOptions::force_threads)".
   std::string backend() const;

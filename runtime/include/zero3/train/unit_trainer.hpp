@@ -40,6 +40,14 @@ struct StepSplit {
   double optimizer_ms = 0.0;       // step() after the reductions
   double copies_exposed_ms = 0.0;  // CPU offload: host<->device copy time not hidden behind other work
   double kept_copies_ms = 0.0;     // cpu_checkpointing: kept-input copy time the compute waited for
+  // NVMe offload of the optimizer (EngineStats::last_step_disk; bytes as doubles so that windows average).
+  double disk_step_ms = 0.0;       // the update's disk pass, within optimizer_ms
+  double disk_step_wait_ms = 0.0;  // of that, the engine thread blocked on the disk
+  double disk_grad_wait_ms = 0.0;  // the gradient worker blocked on the disk (during backward and step())
+  double disk_step_read_bytes = 0.0;
+  double disk_step_write_bytes = 0.0;
+  double disk_grad_read_bytes = 0.0;
+  double disk_grad_write_bytes = 0.0;
 
   double total_ms() const { return forward_ms + backward_ms + step_ms; }
   StepSplit& operator+=(const StepSplit& o);
