@@ -226,10 +226,11 @@ def deepspeed_trainer(args, cfg, m, gas, bf16):
     what = "bf16 params and compute, fp32 master (bf16.enabled)" if bf16 else "fp32"
     inner = getattr(engine.optimizer, "optimizer", engine.optimizer)  # ZeRO-3 wraps the basic optimizer
     what += f", ZeRO-3, optimizer {type(inner).__name__}"
+    zero = ds_cfg.get("zero_optimization", {})
     if offload_opt:
-        what += ", offload_optimizer cpu"
+        what += f", offload_optimizer {zero['offload_optimizer']['device']}"
     if offload_param:
-        what += ", offload_param cpu"
+        what += f", offload_param {zero['offload_param']['device']}"
     return model, step, what, what_ckpt
 
 

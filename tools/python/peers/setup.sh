@@ -3,6 +3,9 @@
 # tools/python/requirements-peers.txt, with its torch from the CPU wheels and its deepspeed built against it.
 # Usage: tools/python/peers/setup.sh [VENV]   (default ${ZERO3_PEERS_VENV:-$HOME/.cache/zero3-peers-venv})
 # Idempotent: an environment that already imports the pinned versions is left as it is.
+# System package (not installed here; it needs root): DeepSpeed's NVMe offload (run.py --only nvme) JIT-builds
+# its async_io op against libaio, Debian's libaio-dev (apt-get install -y libaio-dev); without it that
+# contestant fails ("Unable to JIT load the async_io op ..."), the rest of the benchmark does not need it.
 set -euo pipefail
 
 venv="${1:-${ZERO3_PEERS_VENV:-$HOME/.cache/zero3-peers-venv}}"
@@ -37,5 +40,11 @@ else
   # DeepSpeed's setup.py imports torch: build it against the torch just installed, not an isolated one.
   "$python" -m pip install --no-build-isolation -r "$requirements"
   have_pins || { echo "setup.sh: $venv still cannot import the pinned torch and deepspeed" >&2; exit 1; }
+fi
+# DeepSpeed's own check (AsyncIOBuilder.is_compatible: compile and link a call to io_submit with -laio).
+if ! DS_ACCELERATOR=cpu "$python" -c 'from deepspeed.ops.op_builder import AsyncIOBuilder as B; import sys
+sys.exit(0 if B().is_compatible() else 1)' >/dev/null 2>&1; then
+  echo "setup.sh: note: DeepSpeed's async_io op cannot build here (libaio headers missing); run.py --only nvme" \
+       "needs them for DeepSpeed's side: apt-get install -y libaio-dev"
 fi
 echo "run the benchmark with: python tools/python/peers/run.py --python $python --zero3 build-host/bin/zero3"
