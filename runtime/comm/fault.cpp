@@ -13,8 +13,8 @@
 namespace zero3::comm::fault {
 
 namespace {
-constexpr Kind kKinds[] = {Kind::stall, Kind::skip_gather, Kind::extra_micro_batch, Kind::extra_collective,
-                           Kind::mpi_error};
+constexpr Kind kKinds[] = {Kind::stall,     Kind::skip_gather,   Kind::extra_micro_batch, Kind::extra_collective,
+                           Kind::mpi_error, Kind::kill_in_update};
 
 std::int64_t parse_int(std::string_view value, std::string_view key, std::string_view text, std::string_view source) {
   std::int64_t v = 0;
@@ -41,6 +41,8 @@ std::string_view kind_name(Kind kind) {
       return "extra_collective";
     case Kind::mpi_error:
       return "mpi_error";
+    case Kind::kill_in_update:
+      return "kill_in_update";
   }
   return "?";
 }
@@ -53,9 +55,10 @@ Spec parse(std::string_view text, std::string_view source) {
     if (kind_name(k) == kind) spec.kind = k;
   }
   if (spec.kind == Kind::none) {
-    throw ConfigError(fmt::format(
-        "{}='{}': unknown fault '{}'; expected stall, skip_gather, extra_micro_batch, extra_collective or mpi_error",
-        source, text, kind));
+    throw ConfigError(
+        fmt::format("{}='{}': unknown fault '{}'; expected stall, skip_gather, extra_micro_batch, extra_collective, "
+                    "mpi_error or kill_in_update",
+                    source, text, kind));
   }
   bool more = colon != std::string_view::npos;
   std::string_view rest = more ? text.substr(colon + 1) : std::string_view();

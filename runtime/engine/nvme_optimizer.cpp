@@ -12,12 +12,15 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <system_error>
+#include <vector>
 
 #include "offload_common.hpp"
 #include "swap_file.hpp"
+#include "zero3/comm/fault.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/core/trace.hpp"
@@ -64,22 +67,47 @@ offload::AioOptions aio_options(const config::Config& config) {
   return o;
 }
 
+// Whether process `pid` has ended: no such process, or a zombie (it exited and its parent has not reaped it:
+// a launcher that exits right after killing its ranks leaves them so where nothing reaps orphans).
+bool process_ended(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;  // EPERM: alive, someone else's
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  std::getline(stat, line);
+  const auto paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
 // Directories of this host's jobs whose process is gone (killed before it could remove them): removed, with a
 // warning, so that a crashed job's state does not fill the disk for good.
 void remove_orphans(const std::string& root, const std::string& host) {
   const std::string prefix = fmt::format("zero3-{}-", host);
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+  std::vector<std::filesystem::directory_entry> entries;  // listed first: claiming renames entries
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) entries.push_back(entry);
+  for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string();
     if (!name.starts_with(prefix) || !entry.is_directory(ec)) continue;
     const std::string rest = name.substr(prefix.size());
     const auto dash = rest.find('-');
     if (dash == std::string::npos || dash == 0 || rest.find_first_not_of("0123456789") != dash) continue;
     const auto pid = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
-    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    if (!process_ended(pid)) continue;
+    // Claimed by renaming it first: the ranks of a job starting on one host all look, and exactly one of
+    // them may remove each directory. The new name carries this process's id, so that if it dies while
+    // removing, the next job takes the rest.
+    static std::atomic<int> claimed{0};
+    const std::filesystem::path mine =
+        std::filesystem::path(root) / fmt::format("{}{}-removing-{}", prefix, ::getpid(), claimed++);
+    std::error_code moved;
+    std::filesystem::rename(entry.path(), mine, moved);
+    if (moved) continue;  // another rank claimed it
     std::error_code removed;
-    const std::uintmax_t files = std::filesystem::remove_all(entry.path(), removed);
-    if (!removed) {
+    const std::uintmax_t files = std::filesystem::remove_all(mine, removed);
+    if (removed) {
+      log::warn("NVMe offload: cannot remove {} (left by a job on this host whose process {} is gone): {}",
+                mine.string(), pid, removed.message());
+    } else {
       log::warn("NVMe offload: removed {} ({} files) of a job on this host whose process {} is gone",
                 entry.path().string(), files, pid);
     }
@@ -152,6 +180,7 @@ class NvmeShardOptimizer final : public ShardOptimizer {
         has_v_(config_.type != OptimizerType::lion),
         segments_(state_segments(layout)),
         bounds_(host_chunk_bounds(config, 0, layout.state_count)),
+        rank_(world.rank),
         dir_(*config.zero.offload_optimizer.nvme_path, world.rank),
         io_(aio_options(config)),
         worker_io_(aio_options(config)) {
@@ -284,6 +313,9 @@ class NvmeShardOptimizer final : public ShardOptimizer {
       b.write = master_->write_blocks(io_, first, n, b.master);
       if (has_m_) b.write = exp_avg_->write_blocks(io_, first, n, b.exp_avg);
       if (has_v_) b.write = exp_avg_sq_->write_blocks(io_, first, n, b.exp_avg_sq);
+      if (k == 0 && comm::fault::fire(comm::fault::Kind::kill_in_update, rank_, args.step - 1)) {
+        ::raise(SIGKILL);  // a test's fault: the state files now hold a half-written update
+      }
       if (!pipeline_write_) {
         io_.wait(*b.write);
         b.write.reset();
@@ -545,6 +577,7 @@ class NvmeShardOptimizer final : public ShardOptimizer {
   bool has_v_;
   std::vector<StateSegment> segments_;
   std::vector<std::pair<std::size_t, std::size_t>> bounds_;
+  int rank_;
   RankDirectory dir_;  // before the files: removed after them
   std::optional<SwapFile> master_;
   std::optional<SwapFile> grad_;

@@ -29,3 +29,12 @@ if(TARGET zero3-bench)
                        PASS_REGULAR_EXPRESSION
                        "\"save_gbps\": [0-9.]+, \"load_gbps\": [0-9.]+, \"raw_write_gbps\": [0-9.]+, \"raw_read_gbps\": [0-9.]+.*\"async_step_ratio\": [0-9.]+")
 endif()
+
+# NVMe offload under kill -9 (tests/mpi/nvme_kill_test.sh): a rank killed in the middle of an update and at
+# random moments; the next job removes what the dead ranks left under nvme_path and resumes exactly.
+if(TARGET zero3 AND NOT ZERO3_SANITIZE)
+  add_test(NAME mpi.nvme_kill
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/nvme_kill_test.sh $<TARGET_FILE:zero3>
+                   ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
+  set_tests_properties(mpi.nvme_kill PROPERTIES LABELS "mpi" TIMEOUT 600)
+endif()

@@ -20,6 +20,8 @@ enum class Kind {
   extra_micro_batch,  // the rank runs one micro-batch more in the step
   extra_collective,   // the rank issues an all_gather the others do not
   mpi_error,          // the rank's first collective of the step fails as an MPI error would
+  kill_in_update,     // the rank kills itself (SIGKILL) in the middle of an NVMe-offloaded optimizer update,
+                      // once the first slice's new state is on its way to the files
 };
 
 struct Spec {
