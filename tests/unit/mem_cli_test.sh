@@ -62,6 +62,23 @@ fi
 "$zero3" mem fit --config "$cfg" --world-size 2 --device-memory-gb 0.000001 >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && grep -q "nothing tried fits" "$tmp/err" || fail "mem fit with no room: $(cat "$tmp/err")"
 
+# Host memory too: the SmolLM-135M shape with its optimizer offloaded needs about 2 GiB of host memory per node
+# at 2 ranks (16 bytes per param); with 1.5 GiB, fit proposes the state on NVMe, every proposal within both
+# budgets.
+out=$("$zero3" mem fit --config "$configs/smollm-135m.json" --world-size 2 --heldout-samples 1 --device-memory-gb 8 \
+  --host-memory-gb 1.5 2>&1)
+grep -q "it does not fit" <<<"$out" && grep -q "state on NVMe" <<<"$out" ||
+  fail "mem fit with too little host memory proposes no NVMe offload: $out"
+python3 - <<PY || fail "mem fit's list with a host budget: $out"
+import re
+rows = [l for l in """$out""".splitlines() if re.search(r"GiB/node  \+", l)]
+assert rows, "no candidates"
+host = [float(re.search(r"host ([0-9.]+) GiB/node", l).group(1)) for l in rows]
+dev = [float(re.search(r"([0-9.]+) GiB  host", l).group(1)) for l in rows]
+assert all(h <= 1.5 for h in host) and all(d <= 8 for d in dev), (host, dev)
+print("fit with a host budget ok:", len(rows), "settings fit")
+PY
+
 # At a real context length the activations are what does not fit: the SmolLM-135M shape at context 8192 on
 # 6 GiB devices. The plan falls with each checkpointing mode (none > selective > full), and fit proposes
 # checkpointing, every proposal within the budget.

@@ -3,7 +3,10 @@
 // one setting changed (or offload with a smaller micro-batch), planned (zero3/engine/memory_plan.hpp) and
 // costed by the time the change adds to a step, from the bytes it moves and the bandwidths given
 // (--pcie-gbps, --net-gbps, --cpu-gparams) or the compute it repeats (--tflops, --hbm-gbps: activation
-// checkpointing): a first-order model to rank the candidates, stated with them.
+// checkpointing): a first-order model to rank the candidates, stated with them. With --host-memory-gb the
+// host memory of a node counts too (pinned and pageable, every rank of the node): each candidate that offloads
+// the optimizer is also tried with its state on NVMe (its traffic at --disk-gbps, the node's disk shared by
+// its ranks) and with 16-bit master weights and moments (bf16 or fp16 jobs).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -30,19 +33,22 @@ struct FitOptions {
   TrainConfigOptions train;
   int world_size = 1;
   double device_memory_gb = 0.0;
-  double pcie_gbps = 20.0;   // host <-> device, per rank
-  double net_gbps = 50.0;    // all-gather / reduce-scatter, per rank
-  double cpu_gparams = 1.0;  // CPU optimizer, per rank
-  double tflops = 200.0;     // the device's achieved dense matrix-product rate, per rank
-  double hbm_gbps = 2000.0;  // the device's memory bandwidth, per rank
+  double pcie_gbps = 20.0;      // host <-> device, per rank
+  double net_gbps = 50.0;       // all-gather / reduce-scatter, per rank
+  double cpu_gparams = 1.0;     // CPU optimizer, per rank
+  double tflops = 200.0;        // the device's achieved dense matrix-product rate, per rank
+  double hbm_gbps = 2000.0;     // the device's memory bandwidth, per rank
+  double host_memory_gb = 0.0;  // per node; 0: host memory is not checked
+  double disk_gbps = 2.0;       // the NVMe disk's read + write bandwidth, per node
 };
 
 struct Candidate {
   std::string change;
   config::Config config;
   std::uint64_t device_bytes = 0;
-  double extra_ms = 0.0;  // the model's estimate of what the change adds to a step
-  std::string why;        // how extra_ms was estimated
+  double extra_ms = 0.0;         // the model's estimate of what the change adds to a step
+  std::string why;               // how extra_ms was estimated
+  std::uint64_t host_bytes = 0;  // pinned + pageable, per rank
 };
 
 class Fitter {
@@ -61,13 +67,21 @@ class Fitter {
     }
   }
 
-  std::uint64_t plan(const config::Config& c) const {
+  int ranks_per_node() const { return std::min(o_.world_size, 8); }
+
+  MemoryPlan plan(const config::Config& c) const {
     MemoryPlanOptions options;
     options.device = DeviceKind::cuda;
-    options.ranks_per_node = std::min(o_.world_size, 8);
+    options.ranks_per_node = ranks_per_node();
     options.activations = train::plan_activations(*model_, c, c.batch.train_micro_batch_size_per_gpu, eval_batch_,
                                                   static_cast<int>(c.zero3.model->seq_len), MemoryKind::device);
-    return plan_memory(model_->units(), c, options).peak_total(MemoryKind::device);
+    return plan_memory(model_->units(), c, options);
+  }
+
+  // Whether a plan's device and host bytes fit the budgets (host: the node's ranks together).
+  bool fits(std::uint64_t device_bytes, std::uint64_t host_bytes) const {
+    if (static_cast<double>(device_bytes) > o_.device_memory_gb * kGiB) return false;
+    return o_.host_memory_gb <= 0.0 || static_cast<double>(host_bytes) * ranks_per_node() <= o_.host_memory_gb * kGiB;
   }
 
   std::vector<Candidate> candidates() const {
@@ -144,8 +158,58 @@ class Fitter {
           c, ms, "both offloads, and each extra micro-batch's gathers and copies");
     }
     add_recompute_candidates(out, both, both_ms);
-    for (Candidate& c : out) c.device_bytes = plan(c.config);
+    if (o_.host_memory_gb > 0.0) add_state_storage_candidates(out);
+    for (Candidate& c : out) {
+      const MemoryPlan p = plan(c.config);
+      c.device_bytes = p.peak_total(MemoryKind::device);
+      c.host_bytes = p.peak_total(MemoryKind::pinned_host) + p.peak_total(MemoryKind::pageable_host);
+    }
     return out;
+  }
+
+  // For host memory: every candidate with the whole optimizer state offloaded, again with the state in files
+  // (NVMe: its traffic at --disk-gbps, shared by the node's ranks), with 16-bit master weights and moments
+  // (no time added: fewer bytes to step; the update rounds once per stored value, docs/optim.md), and both.
+  void add_state_storage_candidates(std::vector<Candidate>& out) const {
+    const bool bf16 = base_.bf16.enabled;
+    const bool fp16 = base_.fp16.enabled;
+    const std::size_t n = out.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const Candidate from = out[i];  // a copy: out grows below
+      const config::OffloadConfig& off = from.config.zero.offload_optimizer;
+      if (off.device != config::OffloadDevice::cpu || off.ratio < 1.0) continue;
+      for (const bool nvme : {false, true}) {
+        for (const bool narrow : {false, true}) {
+          if (!nvme && !narrow) continue;
+          if (narrow && !bf16 && !fp16) continue;
+          Candidate c = from;
+          std::string change = c.change;
+          std::string why = c.why;
+          if (narrow) {
+            if (bf16) {
+              c.config.bf16.bf16_master_weights_and_grads = true;
+              c.config.bf16.bf16_optimizer_states = true;
+              change += " + bf16 master and optimizer states";
+            } else {
+              c.config.fp16.fp16_master_weights_and_grads = true;
+              change += " + fp16 master weights";
+            }
+            why += "; 16-bit state rounded once per stored value";
+          }
+          if (nvme) {
+            c.config.zero.offload_optimizer.device = config::OffloadDevice::nvme;
+            c.config.zero.offload_optimizer.nvme_path = "/local_nvme";  // planned only: any directory
+            const MemoryPlan p = plan(c.config);
+            const double bytes = static_cast<double>(p.nvme_read_bytes_per_step + p.nvme_write_bytes_per_step);
+            c.extra_ms += bytes * ranks_per_node() / (o_.disk_gbps * 1e9) * 1e3;
+            change += " + state on NVMe (nvme_path)";
+            why += fmt::format("; {:.1f} GiB per rank read and written per step on a {} GB/s disk per node",
+                               bytes / kGiB, o_.disk_gbps);
+          }
+          out.push_back({std::move(change), std::move(c.config), 0, c.extra_ms, std::move(why)});
+        }
+      }
+    }
   }
 
   // Activation checkpointing, alone and with the offloads: full reruns each unit's forward (its matrix
@@ -241,27 +305,38 @@ class Fitter {
 
 void run_fit(const FitOptions& o) {
   const Fitter fitter(o);
-  const auto budget = static_cast<std::uint64_t>(o.device_memory_gb * kGiB);
-  const std::uint64_t as_is = fitter.plan(fitter.base());
+  const MemoryPlan plan = fitter.plan(fitter.base());
+  const std::uint64_t as_is = plan.peak_total(MemoryKind::device);
+  const std::uint64_t as_is_host =
+      plan.peak_total(MemoryKind::pinned_host) + plan.peak_total(MemoryKind::pageable_host);
+  const bool fits_as_is = fitter.fits(as_is, as_is_host);
   fmt::print(
-      "zero3 mem fit: {} ranks, {:.2f} GiB of device memory each; the job as configured needs {:.3f} GiB per "
-      "rank: {}\n",
-      o.world_size, o.device_memory_gb, static_cast<double>(as_is) / kGiB,
-      as_is <= budget ? "it fits" : "it does not fit");
-  if (as_is <= budget) return;
+      "zero3 mem fit: {} ranks, {:.2f} GiB of device memory each{}; the job as configured needs {:.3f} GiB per "
+      "rank{}: {}\n",
+      o.world_size, o.device_memory_gb,
+      o.host_memory_gb > 0.0 ? fmt::format(" and {:.2f} GiB of host memory per node", o.host_memory_gb) : "",
+      static_cast<double>(as_is) / kGiB,
+      o.host_memory_gb > 0.0
+          ? fmt::format(" and {:.3f} GiB of host memory per node ({} ranks)",
+                        static_cast<double>(as_is_host) * fitter.ranks_per_node() / kGiB, fitter.ranks_per_node())
+          : "",
+      fits_as_is ? "it fits" : "it does not fit");
+  if (fits_as_is) return;
   std::vector<Candidate> fits;
   for (Candidate& c : fitter.candidates()) {
-    if (c.device_bytes <= budget) fits.push_back(std::move(c));
+    if (fitter.fits(c.device_bytes, c.host_bytes)) fits.push_back(std::move(c));
   }
   std::stable_sort(fits.begin(), fits.end(), [](const Candidate& a, const Candidate& b) {
     return a.extra_ms != b.extra_ms ? a.extra_ms < b.extra_ms : a.device_bytes < b.device_bytes;
   });
   if (fits.empty()) {
     throw ConfigError(fmt::format(
-        "mem fit: nothing tried fits {:.2f} GiB per rank (offload of optimizer and params, activation checkpointing, "
-        "smaller micro-batches, "
-        "live and prefetch budgets); more ranks shrink the shards: zero3 mem plan --world-size N shows by how much",
-        o.device_memory_gb));
+        "mem fit: nothing tried fits {:.2f} GiB per rank{} (offload of optimizer and params, activation "
+        "checkpointing, smaller micro-batches, live and prefetch budgets{}); more ranks shrink the shards: zero3 "
+        "mem plan --world-size N shows by how much",
+        o.device_memory_gb,
+        o.host_memory_gb > 0.0 ? fmt::format(" and {:.2f} GiB of host memory per node", o.host_memory_gb) : "",
+        o.host_memory_gb > 0.0 ? ", the optimizer state on NVMe and in 16 bits" : ""));
   }
   fmt::print(
       "settings that fit, least estimated slowdown first (pcie {} GB/s, network {} GB/s, CPU optimizer {} "
@@ -269,8 +344,12 @@ void run_fit(const FitOptions& o) {
       o.pcie_gbps, o.net_gbps, o.cpu_gparams);
   bool smaller_micro = false;
   for (const Candidate& c : fits) {
-    fmt::print("  {:<77} {:>8.3f} GiB  +{:.1f} ms/step  ({})\n", c.change, static_cast<double>(c.device_bytes) / kGiB,
-               c.extra_ms, c.why);
+    const std::string host =
+        o.host_memory_gb > 0.0
+            ? fmt::format("  host {:.2f} GiB/node", static_cast<double>(c.host_bytes) * fitter.ranks_per_node() / kGiB)
+            : "";
+    fmt::print("  {:<77} {:>8.3f} GiB{}  +{:.1f} ms/step  ({})\n", c.change, static_cast<double>(c.device_bytes) / kGiB,
+               host, c.extra_ms, c.why);
     smaller_micro |= c.config.batch.train_micro_batch_size_per_gpu < fitter.base().batch.train_micro_batch_size_per_gpu;
   }
   if (smaller_micro) {
@@ -306,6 +385,13 @@ void add_mem_fit_command(CLI::App& group) {
       ->capture_default_str();
   cmd->add_option("--tflops", opt->tflops,
                   "Achieved matrix-product rate per rank, TFLOP/s (the cost model of full recomputation)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--host-memory-gb", opt->host_memory_gb,
+                  "Host memory per node, GiB: offloaded state must fit it too (then the optimizer state on NVMe and "
+                  "in 16 bits are tried)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--disk-gbps", opt->disk_gbps, "NVMe read + write bandwidth per node, GB/s (the cost model)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--hbm-gbps", opt->hbm_gbps,
