@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
+#include "zero3/core/events.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/core/trace.hpp"
 
@@ -70,6 +72,30 @@ TrainingState training_state_from_json(const Json& j, const std::string& source)
     return s;
   } catch (const Json::exception& e) {
     throw CheckpointError(fmt::format("{}: state.engine: {}", source, e.what()));
+  }
+}
+
+// The dtype the checkpoint stores `kind` in: the engine's own storage of it (the model dtype for params,
+// Config::master_dtype for the master, Config::optimizer_state_dtype for the moments), so a 16-bit job's
+// checkpoint is half the size and its resume exact.
+DType stored_dtype(const config::Config& config, TensorKind kind) {
+  switch (kind) {
+    case TensorKind::param:
+      return config.model_dtype();
+    case TensorKind::master:
+      return config.master_dtype();
+    default:
+      return config.optimizer_state_dtype();
+  }
+}
+
+// The first n fp32 values of `bytes` rewritten in place as n values of `dtype` (rounded to nearest even).
+// Front to back: element i's narrower result lands at or before where element i was read.
+void narrow_in_place(std::byte* bytes, std::size_t n, DType dtype) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float v = 0.0f;
+    std::memcpy(&v, bytes + i * sizeof(float), sizeof v);
+    store_from_float(bytes, dtype, i, v);
   }
 }
 
@@ -256,19 +282,22 @@ struct Checkpointer::Impl {
     const DType param_dtype = engine.config().model_dtype();
     const std::size_t max_block = block_bytes();
     for (const TensorKind kind : saved_kinds(engine.state())) {
-      const DType dtype = kind == TensorKind::param ? param_dtype : DType::f32;
-      const std::size_t elem = size_of(dtype);
+      // read_state speaks fp32 for the optimizer's tensors; they are stored as the optimizer stores them.
+      const DType read_dtype = kind == TensorKind::param ? param_dtype : DType::f32;
+      const DType dtype = stored_dtype(engine.config(), kind);
+      const std::size_t elem = size_of(read_dtype);
       const std::uint64_t per_block = std::max<std::uint64_t>(1, max_block / elem);
       for (const ParamSlice& s : slices) {
         if (kind != TensorKind::param && !s.trainable) continue;
         std::uint64_t done = 0;
         do {  // zero-size params still get one (empty) record
           const std::uint64_t n = std::min(per_block, s.count - done);
-          Block b{s.param, kind, dtype, s.first + done, n, take_storage(f), n * elem};
+          Block b{s.param, kind, dtype, s.first + done, n, take_storage(f), n * size_of(dtype)};
           if (!b.storage) return;
           const ParamSlice part{s.param, s.first + done, n, s.trainable};
           engine.state().read_state(kind, std::span<const ParamSlice>(&part, 1),
-                                    std::span<std::byte>(b.storage.get(), b.bytes));
+                                    std::span<std::byte>(b.storage.get(), n * elem));
+          if (dtype != read_dtype) narrow_in_place(b.storage.get(), n, dtype);  // exact: the values are dtype's
           if (!push(f, std::move(b))) return;
           done += n;
         } while (done < s.count);
@@ -356,6 +385,8 @@ struct Checkpointer::Impl {
         m.params.push_back({p.name, unit, p.shape, dtype, p.trainable});
       }
     }
+    m.master_dtype = engine.config().master_dtype();
+    m.state_dtype = engine.config().optimizer_state_dtype();
     m.files = std::move(files);
     m.state = {{"engine", training_state_json(f.training)},
                {"optimizer", config::to_string(engine.config().optimizer->type)},
@@ -436,6 +467,7 @@ struct Checkpointer::Impl {
     result.step = m.step;
     result.saved_world_size = m.world_size;
     result.trainer_state = m.state.value("trainer", Json::object());
+    if (std::optional<std::string> note = storage_note(m)) result.notes.push_back(std::move(*note));
     try {
       const std::vector<ParamSlice> slices = engine.state().local_slices(/*owned=*/false);
       const DType param_dtype = engine.config().model_dtype();
@@ -503,6 +535,31 @@ struct Checkpointer::Impl {
     }
     agree(*bootstrap, error, fmt::format("checkpoint load from {}", reader->dir().string()));
     return result;
+  }
+
+  // A checkpoint whose optimizer storage differs from the job's loads converted (write_state narrows by
+  // rounding to nearest even; widening is exact): said once, by rank 0 as an event, and returned on every rank.
+  std::optional<std::string> storage_note(const Manifest& m) const {
+    const config::Config& c = engine.config();
+    if (m.master_dtype == c.master_dtype() && m.state_dtype == c.optimizer_state_dtype()) return std::nullopt;
+    const bool narrows = size_of(c.master_dtype()) < size_of(m.master_dtype) ||
+                         size_of(c.optimizer_state_dtype()) < size_of(m.state_dtype);
+    std::string note = fmt::format(
+        "checkpoint {}: optimizer storage converted from the checkpoint's master {} / states {} to the job's master "
+        "{} / states {}{}",
+        m.tag, dtype_name(m.master_dtype), dtype_name(m.state_dtype), dtype_name(c.master_dtype()),
+        dtype_name(c.optimizer_state_dtype()),
+        narrows ? " (rounded to nearest even: the narrowed values lose their low bits)" : " (widened exactly)");
+    if (bootstrap->rank() == 0) {
+      events::emit({.level = narrows ? log::Level::warning : log::Level::info,
+                    .kind = "checkpoint_storage_converted",
+                    .message = note,
+                    .fields = {{"checkpoint_master_dtype", std::string(dtype_name(m.master_dtype))},
+                               {"checkpoint_state_dtype", std::string(dtype_name(m.state_dtype))},
+                               {"job_master_dtype", std::string(dtype_name(c.master_dtype()))},
+                               {"job_state_dtype", std::string(dtype_name(c.optimizer_state_dtype()))}}});
+    }
+    return note;
   }
 
   // Refuses a checkpoint whose params or optimizer conflict with the engine, naming the conflict.

@@ -223,6 +223,7 @@ nlohmann::json to_json(const Manifest& m) {
               {"config", m.config},
               {"config_hash", m.config_hash},
               {"params", params},
+              {"optimizer_storage", {{"master", dtype_name(m.master_dtype)}, {"state", dtype_name(m.state_dtype)}}},
               {"files", files},
               {"state", m.state}};
 }
@@ -249,6 +250,11 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
   m.config = f.get("config");
   m.config_hash = f.string("config_hash");
   m.state = f.get("state");
+  if (j.contains("optimizer_storage")) {  // absent before 16-bit storage: fp32
+    const Fields storage(f.get("optimizer_storage"), "optimizer_storage", source);
+    m.master_dtype = storage.dtype("master");
+    m.state_dtype = storage.dtype("state");
+  }
   const json& params = f.array("params");
   m.params.reserve(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {

@@ -28,6 +28,7 @@ void parse_document(const detail::Json& root, const ParseOptions& options, detai
   detail::parse_zero_optimization(top, cx);
   detail::parse_top_scalars(top, cx);
   detail::parse_optimizer(top, cx);
+  detail::check_optimizer_storage(top, cx);
   detail::parse_scheduler(top, cx);
   detail::parse_batch(top, cx);
   detail::parse_aio(top, cx);

@@ -27,12 +27,14 @@ void parse_removed_keys(ObjectReader& top, Context& cx);       // parse_removed.
 void parse_precision(ObjectReader& top, Context& cx);          // parse_misc.cpp: fp16, bf16 / bfloat16
 void parse_zero_optimization(ObjectReader& top, Context& cx);  // parse_zero.cpp
 void parse_optimizer(ObjectReader& top, Context& cx);          // parse_optim.cpp
-void parse_scheduler(ObjectReader& top, Context& cx);          // parse_optim.cpp
-void parse_top_scalars(ObjectReader& top, Context& cx);        // parse_misc.cpp
-void parse_batch(ObjectReader& top, Context& cx);              // batch.cpp
-void parse_aio(ObjectReader& top, Context& cx);                // parse_zero.cpp
-void parse_misc_blocks(ObjectReader& top, Context& cx);        // parse_misc.cpp: checkpoint, data_types, monitors, ...
-void parse_other_ds_blocks(ObjectReader& top, Context& cx);    // parse_other.cpp: DeepSpeed features zero3 lacks
+// parse_misc.cpp: the master-weight keys against the dtype blocks and the ZeRO stage (after both are read)
+void check_optimizer_storage(ObjectReader& top, Context& cx);
+void parse_scheduler(ObjectReader& top, Context& cx);        // parse_optim.cpp
+void parse_top_scalars(ObjectReader& top, Context& cx);      // parse_misc.cpp
+void parse_batch(ObjectReader& top, Context& cx);            // batch.cpp
+void parse_aio(ObjectReader& top, Context& cx);              // parse_zero.cpp
+void parse_misc_blocks(ObjectReader& top, Context& cx);      // parse_misc.cpp: checkpoint, data_types, monitors, ...
+void parse_other_ds_blocks(ObjectReader& top, Context& cx);  // parse_other.cpp: DeepSpeed features zero3 lacks
 // What zero3.model.hf_config set: the zero3.model keys it gave, and Mistral's attention window (0: none).
 struct HfShape {
   std::set<std::string, std::less<>> keys;

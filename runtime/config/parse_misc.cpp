@@ -37,8 +37,7 @@ void parse_fp16(ObjectReader& top, Context& cx) {
       r.error("min_loss_scale", fmt::format("must be > 0 with dynamic loss scaling, got {}", f.min_loss_scale));
     }
   }
-  f.fp16_master_weights_and_grads =
-      r.not_implemented_if_true("fp16_master_weights_and_grads", "fp16 master weights are not implemented");
+  r.get_bool("fp16_master_weights_and_grads", f.fp16_master_weights_and_grads);
   r.finish();
 }
 
@@ -65,10 +64,8 @@ void parse_bf16(ObjectReader& top, Context& cx) {
   }
   r.get_bool("immediate_grad_update", b.immediate_grad_update);
   r.get_bool("check_grad_overflow", b.check_grad_overflow);
-  b.bf16_master_weights_and_grads =
-      r.not_implemented_if_true("bf16_master_weights_and_grads", "bf16 master weights are not implemented");
-  b.bf16_optimizer_states =
-      r.not_implemented_if_true("bf16_optimizer_states", "bf16 optimizer states are not implemented");
+  r.get_bool("bf16_master_weights_and_grads", b.bf16_master_weights_and_grads);
+  r.get_bool("bf16_optimizer_states", b.bf16_optimizer_states);
   if (b.bf16_optimizer_states && !b.bf16_master_weights_and_grads) {
     r.error("bf16_optimizer_states", "needs bf16_master_weights_and_grads: true (DeepSpeed asserts)");
   }
@@ -242,6 +239,29 @@ void parse_precision(ObjectReader& top, Context& cx) {
     cx.sink.error(top.has("bfloat16") && !top.has("bf16") ? "bfloat16.enabled" : "bf16.enabled",
                   "fp16.enabled and bf16.enabled are both true; choose one");
   }
+}
+
+void check_optimizer_storage(ObjectReader& top, Context& cx) {
+  const Config& c = cx.config;
+  const std::string bf16 = top.has("bfloat16") && !top.has("bf16") ? "bfloat16" : "bf16";
+  const bool bf16_master = c.bf16.bf16_master_weights_and_grads;
+  const bool fp16_master = c.fp16.fp16_master_weights_and_grads;
+  if (!bf16_master && !fp16_master) return;
+  const std::string key = bf16_master ? bf16 + ".bf16_master_weights_and_grads" : "fp16.fp16_master_weights_and_grads";
+  if (bf16_master && fp16_master) {
+    cx.sink.error("fp16.fp16_master_weights_and_grads",
+                  "and bf16.bf16_master_weights_and_grads are both true; choose one (DeepSpeed asserts)");
+  }
+  // The master copy is kept in the job's 16-bit dtype; in an fp32 (or the other 16-bit) job it has none.
+  if (bf16_master && !c.bf16.enabled) cx.sink.error(key, fmt::format("needs {}.enabled: true", bf16));
+  if (fp16_master && !c.fp16.enabled) cx.sink.error(key, "needs fp16.enabled: true");
+  if (c.zero.stage < 1 || c.zero.stage > 3) {
+    cx.sink.error(key, fmt::format("needs ZeRO stage 1, 2 or 3, got stage {} (DeepSpeed asserts)", c.zero.stage));
+  }
+  // DeepSpeed's key says "and_grads"; zero3's kernels accumulate into fp32 (kernels::accumulate), so say so.
+  cx.sink.warning(key, fmt::format("master weights stored in {}; gradients are still accumulated in fp32 (zero3's "
+                                   "gradient accumulators are always fp32)",
+                                   dtype_name(c.master_dtype())));
 }
 
 void parse_top_scalars(ObjectReader& top, Context& cx) {

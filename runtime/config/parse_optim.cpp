@@ -77,6 +77,23 @@ void read_betas(ObjectReader& r, std::array<double, 2>& betas) {
   if (ok) betas = v;
 }
 
+// The CPU optimizers' own switch for 16-bit moments. DeepSpeed builds its CPU Adam with it false when
+// bf16.bf16_optimizer_states is on; alone it would ask for moments in the model dtype beside an fp32 master,
+// a pair the kernels do not store (kernels::optimizer_storage_supported).
+void read_fp32_optimizer_states(ObjectReader& p, OptimizerConfig& o, const Config& c) {
+  const Got got = p.get_bool("fp32_optimizer_states", o.fp32_optimizer_states);
+  if (c.bf16.bf16_optimizer_states) {
+    if (got == Got::value && o.fp32_optimizer_states) {
+      p.warning("fp32_optimizer_states", "true is overridden by bf16.bf16_optimizer_states: the moments are bf16");
+    }
+    o.fp32_optimizer_states = false;
+  } else if (got == Got::value && !o.fp32_optimizer_states) {
+    p.not_implemented("fp32_optimizer_states",
+                      "16-bit moments with fp32 master weights are not implemented (bf16.bf16_optimizer_states with "
+                      "bf16.bf16_master_weights_and_grads stores both in bf16)");
+  }
+}
+
 void reject_max_grad_norm(ObjectReader& r) {
   if (r.raw("max_grad_norm") != nullptr) {
     r.error("max_grad_norm", "not allowed in optimizer params (DeepSpeed raises); use the top-level gradient_clipping");
@@ -100,9 +117,6 @@ void parse_adam(ObjectReader& r, OptimizerConfig& o) {
   o.decoupled_weight_decay = o.type == OptimizerType::adamw || adam_w_mode;
   r.not_implemented_if_true("amsgrad", "AMSGrad is not implemented");
   r.get_bool("torch_adam", o.torch_adam);
-  if (r.get_bool("fp32_optimizer_states", o.fp32_optimizer_states) == Got::value && !o.fp32_optimizer_states) {
-    r.not_implemented("fp32_optimizer_states", "16-bit optimizer states are not implemented");
-  }
   r.get_bool("set_grad_none", o.set_grad_none);
   reject_max_grad_norm(r);
 }
@@ -112,9 +126,6 @@ void parse_lion(ObjectReader& r, OptimizerConfig& o) {
   read_betas(r, o.betas);
   auto_to_hf(r, "weight_decay", r.get_number("weight_decay", o.weight_decay), o.weight_decay, kHfWeightDecay,
              "weight_decay");
-  if (r.get_bool("fp32_optimizer_states", o.fp32_optimizer_states) == Got::value && !o.fp32_optimizer_states) {
-    r.not_implemented("fp32_optimizer_states", "16-bit optimizer states are not implemented");
-  }
   r.get_bool("set_grad_none", o.set_grad_none);
   reject_max_grad_norm(r);
 }
@@ -134,9 +145,6 @@ void parse_adagrad(ObjectReader& r, OptimizerConfig& o) {
   }
   r.not_implemented_if_true("amsgrad", "AMSGrad is not implemented");
   r.not_implemented_if_true("maximize", "maximize is not implemented");
-  if (r.get_bool("fp32_optimizer_states", o.fp32_optimizer_states) == Got::value && !o.fp32_optimizer_states) {
-    r.not_implemented("fp32_optimizer_states", "16-bit optimizer states are not implemented");
-  }
   for (std::string_view key : {"foreach", "fused"}) {
     const Json* j = r.raw(key);
     if (j != nullptr && !j->is_boolean() && !j->is_null()) {
@@ -224,6 +232,7 @@ void parse_optimizer(ObjectReader& top, Context& cx) {
       parse_adagrad(p, o);
       break;
   }
+  read_fp32_optimizer_states(p, o, cx.config);
   p.finish();
   r.finish();
   cx.config.optimizer = o;

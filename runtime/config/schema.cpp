@@ -40,6 +40,9 @@ constexpr std::string_view kLeaf = "zero_optimization.leaf_module";
 
 constexpr std::string_view kNyiOn = "accepted; not implemented when turned on";
 constexpr std::string_view kRemoved = "removed in DeepSpeed 0.19.8, which rejects the key whatever its value: an error";
+constexpr std::string_view kFp32States =
+    "false only with bf16.bf16_optimizer_states (which sets it false); false alone (16-bit moments beside an fp32 "
+    "master): not implemented";
 constexpr std::string_view kStage12 = "stages 1-2 only in DeepSpeed; no effect with stage 3";
 
 constexpr KeySpec kKeys[] = {
@@ -147,8 +150,7 @@ constexpr KeySpec kKeys[] = {
      "Adam only: true = decoupled weight decay (AdamW), false = L2 added to the gradient (§2.3)"},
     {kAdam, "amsgrad", "bool", "false", S::not_implemented, A::rejected, "true: not implemented"},
     {kAdam, "torch_adam", "bool", "false", S::no_effect, A::rejected, "zero3 has one Adam implementation"},
-    {kAdam, "fp32_optimizer_states", "bool", "true", S::not_implemented, A::rejected,
-     "false (16-bit moments): not implemented"},
+    {kAdam, "fp32_optimizer_states", "bool", "true", S::implemented, A::rejected, kFp32States},
     {kAdam, "set_grad_none", "bool", "true", S::no_effect, A::rejected, ""},
     {kAdam, "max_grad_norm", "-", "-", S::rejected, A::rejected, "DeepSpeed raises: use gradient_clipping"},
 
@@ -156,8 +158,7 @@ constexpr KeySpec kKeys[] = {
     {kLion, "betas", "[b1, b2], each in [0, 1)", "[0.9, 0.999]", S::implemented, A::resolved,
      "auto: [0.9, 0.999] (HF)"},
     {kLion, "weight_decay", num_min(0), "0", S::implemented, A::resolved, "auto: 0"},
-    {kLion, "fp32_optimizer_states", "bool", "true", S::not_implemented, A::rejected,
-     "false (16-bit moments): not implemented"},
+    {kLion, "fp32_optimizer_states", "bool", "true", S::implemented, A::rejected, kFp32States},
     {kLion, "set_grad_none", "bool", "true", S::no_effect, A::rejected, ""},
     {kLion, "max_grad_norm", "-", "-", S::rejected, A::rejected, "DeepSpeed raises: use gradient_clipping"},
 
@@ -169,8 +170,7 @@ constexpr KeySpec kKeys[] = {
     {kAdagrad, "initial_accumulator_value", num_min(0), "0", S::not_implemented, A::rejected,
      "torch.optim.Adagrad; != 0: not implemented"},
     {kAdagrad, "amsgrad", "bool", "false", S::not_implemented, A::rejected, "true: not implemented"},
-    {kAdagrad, "fp32_optimizer_states", "bool", "true", S::not_implemented, A::rejected,
-     "false (16-bit state): not implemented"},
+    {kAdagrad, "fp32_optimizer_states", "bool", "true", S::implemented, A::rejected, kFp32States},
     {kAdagrad, "maximize", "bool", "false", S::not_implemented, A::rejected, "true: not implemented"},
     {kAdagrad, "foreach", "bool or null", "null", S::no_effect, A::rejected, "PyTorch kernel choice"},
     {kAdagrad, "differentiable", "bool", "false", S::no_effect, A::rejected, "PyTorch autograd option"},
@@ -240,16 +240,21 @@ constexpr KeySpec kKeys[] = {
     {"fp16", "consecutive_hysteresis", "bool", "false", S::implemented, A::ds_default, ""},
     {"fp16", "min_loss_scale", "int", "1", S::implemented, A::ds_default,
      "> 0 with dynamic loss scaling (loss_scale 0)"},
-    {"fp16", "fp16_master_weights_and_grads", "bool", "false", S::not_implemented, A::ds_default,
-     "true: not implemented"},
+    {"fp16", "fp16_master_weights_and_grads", "bool", "false", S::implemented, A::ds_default,
+     "true: master weights stored in fp16 (fp32 moments); needs fp16.enabled and stage 1-3. Gradients are still "
+     "accumulated in fp32 (a config warning says so). DeepSpeed's ZeRO-3 also wants offload_optimizer with its CPU "
+     "Adam here (its fused GPU Adam cannot mix dtypes); zero3's device kernels can, so it is not required"},
     {"bf16", "enabled", "bool", "false", S::implemented, A::resolved, "auto: false"},
     {"bf16", "immediate_grad_update", "bool", "false", S::no_effect, A::ds_default, "BF16_Optimizer path only"},
     {"bf16", "check_grad_overflow", "bool", "true", S::no_effect, A::ds_default,
      "ZeRO 1-2 only; zero3 checks every dtype through zero3.nonfinite"},
-    {"bf16", "bf16_master_weights_and_grads", "bool", "false", S::not_implemented, A::ds_default,
-     "true: not implemented"},
-    {"bf16", "bf16_optimizer_states", "bool", "false", S::not_implemented, A::ds_default,
-     "true: not implemented (and needs bf16_master_weights_and_grads)"},
+    {"bf16", "bf16_master_weights_and_grads", "bool", "false", S::implemented, A::ds_default,
+     "true: master weights stored in bf16; needs bf16.enabled and stage 1-3. Gradients are still accumulated in "
+     "fp32 (a config warning says so). Without bf16_optimizer_states DeepSpeed's ZeRO-3 also wants offload_optimizer "
+     "with its CPU Adam (its fused GPU Adam cannot mix dtypes); zero3's device kernels can, so it is not required"},
+    {"bf16", "bf16_optimizer_states", "bool", "false", S::implemented, A::ds_default,
+     "true: moments stored in bf16 (docs/optim.md); needs bf16_master_weights_and_grads (DeepSpeed asserts); sets "
+     "the optimizer's fp32_optimizer_states false, as DeepSpeed builds its CPU Adam"},
 
     // ---- zero_optimization ("ZeRO Optimizations for FP16 Training", "Parameter offloading", "Optimizer offloading")
     {kZero, "stage", int_in(0, 3), "0", S::implemented, A::resolved,

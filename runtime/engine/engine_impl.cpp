@@ -296,8 +296,8 @@ std::unique_ptr<engine::ShardOptimizer> Engine::Impl::make_optimizer(const engin
         /*config_error=*/false);
     return made;
   }
-  return engine::make_device_optimizer(*config.optimizer, *device, *comm_stream, built.state_count,
-                                       built.sharded_state_count, engine::state_segments(built));
+  return engine::make_device_optimizer(*config.optimizer, engine::StateStorage::of(config), *device, *comm_stream,
+                                       built.state_count, built.sharded_state_count, engine::state_segments(built));
 }
 
 void Engine::Impl::finalize() {
@@ -375,9 +375,10 @@ void Engine::Impl::log_finalized() const {
                                               [](const engine::UnitLayout& u) { return u.persistent; });
   log::info(
       "zero3 engine: {} units ({} persistent), {} params, {} elements ({} persistent) on {} ranks; compute {}, "
-      "reduce {}, master and accumulators fp32 ({}); params {}; {} device, {} communicator",
+      "reduce {}, master {}, moments {}, accumulators fp32 ({}); params {}; {} device, {} communicator",
       layout->units.size(), persistent_units, layout->params.size(), layout->total_elems, layout->persistent_elems,
-      world.size, dtype_name(dtype), dtype_name(comm_dtype),
+      world.size, dtype_name(dtype), dtype_name(comm_dtype), dtype_name(config.master_dtype()),
+      dtype_name(config.optimizer_state_dtype()),
       offload_optimizer
           ? fmt::format("CPU offload of {} of {} elements",
                         layout->state_count - engine::offload_cut(config, layout->state_count), layout->state_count)

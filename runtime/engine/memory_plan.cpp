@@ -17,6 +17,7 @@
 #include "init.hpp"
 #include "layout.hpp"
 #include "nvme_optimizer.hpp"
+#include "offload_common.hpp"
 #include "offload_optimizer.hpp"
 #include "optimizer_step.hpp"
 #include "zero3/core/error.hpp"
@@ -189,16 +190,19 @@ class Planner {
 
   void optimizer() {
     const std::uint64_t s = layout_.state_count;
-    const std::uint64_t states = config_.optimizer->type == config::OptimizerType::adam ||
-                                         config_.optimizer->type == config::OptimizerType::adamw
-                                     ? 2
-                                     : 1;
+    const int states = engine::state_tensors(config_.optimizer->type);
+    const engine::StateStorage storage = engine::StateStorage::of(config_);
+    plan_.master_dtype = storage.master;
+    plan_.state_dtype = storage.state;
+    plan_.optimizer_bytes_per_param = storage.bytes_per_elem(states);
+    plan_.optimizer_states = states;
     if (!offload_optimizer_) {
-      const std::string of = fmt::format("{} fp32 elements (the rank's trainable shard)", s);
-      add(MemoryKind::device, MemCategory::master, 4 * s, "master weights: " + of);
-      add(MemoryKind::device, MemCategory::grad_shard, 4 * s, "gradient accumulators: " + of);
-      add(MemoryKind::device, MemCategory::optim_state, 4 * states * s,
-          fmt::format("{} optimizer states x {}", states, of));
+      const std::string of = fmt::format("{} elements (the rank's trainable shard)", s);
+      add(MemoryKind::device, MemCategory::master, size_of(storage.master) * s,
+          fmt::format("master weights: {} {}", dtype_name(storage.master), of));
+      add(MemoryKind::device, MemCategory::grad_shard, 4 * s, "gradient accumulators: fp32 " + of);
+      add(MemoryKind::device, MemCategory::optim_state, size_of(storage.state) * states * s,
+          fmt::format("{} optimizer states x {} {}", states, dtype_name(storage.state), of));
       return;
     }
     const MemoryTable t = engine::offload_optimizer_memory(
@@ -210,11 +214,12 @@ class Planner {
       const bool on_device = kind == MemoryKind::device;
       const std::string where =
           on_device ? fmt::format("the device part, {} of {} elements (offload_optimizer.ratio)", cut, s)
-                    : fmt::format("offloaded, {} of {} fp32 elements", s - cut, s);
-      add(kind, MemCategory::master, t.at(kind, MemCategory::master), "master weights, " + where);
-      add(kind, MemCategory::grad_shard, t.at(kind, MemCategory::grad_shard), "gradient accumulators, " + where);
+                    : fmt::format("offloaded, {} of {} elements", s - cut, s);
+      add(kind, MemCategory::master, t.at(kind, MemCategory::master),
+          fmt::format("{} master weights, {}", dtype_name(storage.master), where));
+      add(kind, MemCategory::grad_shard, t.at(kind, MemCategory::grad_shard), "fp32 gradient accumulators, " + where);
       add(kind, MemCategory::optim_state, t.at(kind, MemCategory::optim_state),
-          fmt::format("{} optimizer states, {}", states, where));
+          fmt::format("{} {} optimizer states, {}", states, dtype_name(storage.state), where));
       const std::uint64_t staging = t.at(kind, MemCategory::staging);
       add(kind, MemCategory::staging, staging,
           staging <= 2 * sizeof(float)

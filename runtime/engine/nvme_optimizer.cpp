@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "offload_common.hpp"
+#include "state_pieces.hpp"
 #include "swap_file.hpp"
 #include "zero3/comm/fault.hpp"
 #include "zero3/core/error.hpp"
@@ -33,17 +34,26 @@ namespace {
 using config::OptimizerType;
 using offload::AioQueue;
 
-// Elements per step slice: sub_group_size (DeepSpeed's unit of swapping) rounded up to whole fp32 blocks, at
-// most kNvmeSliceElems, and no more than the state rounded up to whole blocks.
+// Elements per step slice: sub_group_size (DeepSpeed's unit of swapping) rounded up to whole blocks of the
+// narrowest stored dtype (so every tensor's slice starts a block in its file), at most kNvmeSliceElems, and no
+// more than the state rounded up to whole blocks.
 std::size_t slice_elems(const config::Config& config, std::size_t count) {
-  constexpr std::size_t block = offload::kDirectAlign / sizeof(float);
-  const auto blocks = [](std::size_t n) { return std::max<std::size_t>(1, (n + block - 1) / block) * block; };
+  const StateStorage storage = StateStorage::of(config);
+  const std::size_t narrowest = std::min({sizeof(float), size_of(storage.master), size_of(storage.state)});
+  const std::size_t block = offload::kDirectAlign / narrowest;
+  const auto blocks = [block](std::size_t n) { return std::max<std::size_t>(1, (n + block - 1) / block) * block; };
   return std::min({kNvmeSliceElems, blocks(sub_group_elems(config, count)), blocks(count)});
 }
 
-// The fp32 tensors of a slice: master, accumulator and the optimizer's moments.
+// The tensors of a slice: master, accumulator and the optimizer's moments.
 int slice_tensors(OptimizerType type) {
   return 2 + state_tensors(type);
+}
+
+// Bytes of one element of every tensor of a slice: the master and moments in their stored dtypes, the fp32
+// accumulator.
+std::size_t slice_elem_bytes(const config::Config& config) {
+  return StateStorage::of(config).bytes_per_elem(state_tensors(config.optimizer->type));
 }
 
 // Slices in the ring: one being stepped, plus one read ahead and one written behind when those pipelines are
@@ -148,10 +158,10 @@ struct Arrival {
 
 // One slice's buffers in the step's ring.
 struct SliceBuffers {
-  Buffer memory;  // the fp32 tensors, each block-aligned
-  float* master = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  Buffer memory;  // the tensors, each in its stored dtype and block-aligned
+  void* master = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
   float* grad = nullptr;
   Buffer params;  // the new compute-dtype params on their way to the device
   std::unique_ptr<Event> copied;
@@ -171,6 +181,7 @@ class NvmeShardOptimizer final : public ShardOptimizer {
         comm_dtype_(options.comm_dtype),
         compute_dtype_(options.compute_dtype),
         params_on_device_(options.params_on_device),
+        storage_(StateStorage::of(config)),
         pipeline_read_(config.zero.offload_optimizer.pipeline_read),
         pipeline_write_(config.zero.offload_optimizer.pipeline_write),
         count_(layout.state_count),
@@ -186,29 +197,36 @@ class NvmeShardOptimizer final : public ShardOptimizer {
         worker_io_(aio_options(config)) {
     (void)stream;
     if (count_ == 0) return;
-    master_.emplace(dir_.path() + "/master.f32", count_, DType::f32);
-    grad_.emplace(dir_.path() + "/grad.f32", count_, DType::f32);
-    if (has_m_) exp_avg_.emplace(dir_.path() + "/exp_avg.f32", count_, DType::f32);
-    if (has_v_) exp_avg_sq_.emplace(dir_.path() + "/exp_avg_sq.f32", count_, DType::f32);
+    const auto file = [&](std::string_view name, DType dtype) {
+      return fmt::format("{}/{}.{}", dir_.path(), name, dtype_name(dtype));
+    };
+    master_.emplace(file("master", storage_.master), count_, storage_.master);
+    grad_.emplace(file("grad", DType::f32), count_, DType::f32);
+    if (has_m_) exp_avg_.emplace(file("exp_avg", storage_.state), count_, storage_.state);
+    if (has_v_) exp_avg_sq_.emplace(file("exp_avg_sq", storage_.state), count_, storage_.state);
     // Every file the configured window needs is reserved now, so a disk that fills up later cannot fail a step.
     for (std::int64_t i = 1; i < config.batch.gradient_accumulation_steps; ++i) log(static_cast<std::size_t>(i - 1));
     const bool pinned = config.zero.offload_optimizer.pin_memory;
     const auto allocate = [&](std::size_t n, DType dtype, MemCategory category) {
       return host.allocate(device, n, dtype, pinned, category);
     };
-    const std::size_t tensors = static_cast<std::size_t>(slice_tensors(config_.type));
-    constexpr std::size_t align_elems = offload::kDirectAlign / sizeof(float);
+    // Each tensor's part is slice_ elements of its dtype: whole blocks (slice_elems), so each starts on one.
+    const std::size_t bytes = slice_ * slice_elem_bytes(config) + offload::kDirectAlign;
     for (std::size_t i = 0, n = ring_size(config); i < n; ++i) {
       SliceBuffers b;
-      b.memory = allocate(tensors * slice_ + align_elems, DType::f32, MemCategory::optim_state);
+      b.memory = allocate((bytes + sizeof(float) - 1) / sizeof(float), DType::f32, MemCategory::optim_state);
       // The first block boundary inside the allocation (O_DIRECT transfers start on one).
       const auto address = reinterpret_cast<std::uintptr_t>(b.memory.data());
-      float* base = b.memory.view().as<float>() + (offload::direct_align_up(address) - address) / sizeof(float);
-      std::size_t next = 0;
-      b.master = base + slice_ * next++;
-      b.grad = base + slice_ * next++;
-      if (has_m_) b.exp_avg = base + slice_ * next++;
-      if (has_v_) b.exp_avg_sq = base + slice_ * next++;
+      std::byte* next = static_cast<std::byte*>(b.memory.data()) + (offload::direct_align_up(address) - address);
+      const auto carve = [&](DType dtype) {
+        std::byte* at = next;
+        next += slice_ * size_of(dtype);
+        return at;
+      };
+      b.master = carve(storage_.master);
+      b.grad = reinterpret_cast<float*>(carve(DType::f32));
+      if (has_m_) b.exp_avg = carve(storage_.state);
+      if (has_v_) b.exp_avg_sq = carve(storage_.state);
       if (params_on_device_) b.params = allocate(slice_, compute_dtype_, MemCategory::staging);
       b.copied = device.create_event();
       ring_.push_back(std::move(b));
@@ -342,12 +360,13 @@ class NvmeShardOptimizer final : public ShardOptimizer {
 
   void copy_out(Device& device, TensorKind kind, std::size_t offset, BufferView dst, Stream& stream) override {
     stream.synchronize();
-    transfer(device, require(kind), offset, dst.count, dst.kind, dst.data, /*to_file=*/false, stream);
+    transfer(device, require(kind), offset, dst, /*to_file=*/false, stream);
   }
 
   void copy_in(Device& device, TensorKind kind, std::size_t offset, ConstBufferView src, Stream& stream) override {
     stream.synchronize();
-    transfer(device, require(kind), offset, src.count, src.kind, const_cast<void*>(src.data), /*to_file=*/true, stream);
+    const BufferView view{const_cast<void*>(src.data), src.count, src.dtype, src.kind};
+    transfer(device, require(kind), offset, view, /*to_file=*/true, stream);
   }
 
   void zero_moments(Stream& stream) override {
@@ -388,31 +407,43 @@ class NvmeShardOptimizer final : public ShardOptimizer {
     worker_.drain();
   }
 
-  // Between the file and host or device memory, in bounce-sized pieces (device memory through host staging).
-  void transfer(Device& device, SwapFile& file, std::size_t offset, std::size_t count, MemoryKind kind, void* data,
-                bool to_file, Stream& stream) {
-    const std::size_t elem = size_of(file.dtype());
-    if (kind != MemoryKind::device) {
+  // Between the file and `view` (host or device memory, any dtype), in bounce-sized pieces: device memory
+  // through host staging, and another dtype than the file's converted on the host (rounding to nearest even
+  // when narrowing).
+  void transfer(Device& device, SwapFile& file, std::size_t offset, BufferView view, bool to_file, Stream& stream) {
+    if (view.count == 0) return;
+    const bool direct = view.kind != MemoryKind::device || device.caps().device_memory_on_host;
+    if (direct && view.dtype == file.dtype()) {
       if (to_file) {
-        file.write(io_, bounce_, offset, count, data);
+        file.write(io_, bounce_, offset, view.count, view.data);
       } else {
-        file.read(io_, bounce_, offset, count, data);
+        file.read(io_, bounce_, offset, view.count, view.data);
       }
       return;
     }
-    const std::size_t per = std::min(count, SwapFile::kBounceBytes / elem);
-    Buffer host = device.allocate(per, file.dtype(), device.caps().host_staging, MemCategory::staging);
-    for (std::size_t done = 0; done < count; done += per) {
-      const std::size_t n = std::min(per, count - done);
-      const BufferView dev{static_cast<std::byte*>(data) + done * elem, n, file.dtype(), MemoryKind::device};
+    const std::size_t per = std::min(view.count, SwapFile::kBounceBytes / sizeof(float));
+    Buffer in_file = device.allocate(per, file.dtype(), device.caps().host_staging, MemCategory::staging);
+    Buffer in_view;  // the view's dtype in host memory, where the view is device memory the host cannot address
+    if (!direct) in_view = device.allocate(per, view.dtype, device.caps().host_staging, MemCategory::staging);
+    for (std::size_t done = 0; done < view.count; done += per) {
+      const std::size_t n = std::min(per, view.count - done);
+      const BufferView part = view.slice(done, n);
+      const BufferView host = direct ? part : in_view.view().slice(0, n);
+      const BufferView staged = in_file.view().slice(0, n);
       if (to_file) {
-        device.copy_async(host.view().slice(0, n), dev, stream);
-        stream.synchronize();
-        file.write(io_, bounce_, offset + done, n, host.data());
+        if (!direct) {
+          device.copy_async(host, part, stream);
+          stream.synchronize();
+        }
+        convert_on_host(staged, host);
+        file.write(io_, bounce_, offset + done, n, staged.data);
       } else {
-        file.read(io_, bounce_, offset + done, n, host.data());
-        device.copy_async(dev, host.cview().slice(0, n), stream);
-        stream.synchronize();
+        file.read(io_, bounce_, offset + done, n, staged.data);
+        convert_on_host(host, staged);
+        if (!direct) {
+          device.copy_async(part, host, stream);
+          stream.synchronize();
+        }
       }
     }
   }
@@ -545,10 +576,15 @@ class NvmeShardOptimizer final : public ShardOptimizer {
         const std::size_t sb = std::max(first + tb, seg->offset) - first;
         const std::size_t se = std::min(first + te, seg->offset + seg->count) - first;
         if (sb >= se) continue;
+        const auto at = [sb](void* base, DType dtype) -> void* {
+          return base == nullptr ? nullptr : static_cast<std::byte*>(base) + sb * size_of(dtype);
+        };
         offload::StepSpan s;
-        s.master = b.master + sb;
-        s.exp_avg = b.exp_avg == nullptr ? nullptr : b.exp_avg + sb;
-        s.exp_avg_sq = b.exp_avg_sq == nullptr ? nullptr : b.exp_avg_sq + sb;
+        s.master = at(b.master, storage_.master);
+        s.exp_avg = at(b.exp_avg, storage_.state);
+        s.exp_avg_sq = at(b.exp_avg_sq, storage_.state);
+        s.master_dtype = storage_.master;
+        s.state_dtype = storage_.state;
         s.grad = b.grad + sb;
         s.grad_dtype = DType::f32;
         s.param = static_cast<std::byte*>(out) + sb * size_of(compute_dtype_);
@@ -568,6 +604,7 @@ class NvmeShardOptimizer final : public ShardOptimizer {
   DType comm_dtype_;
   DType compute_dtype_;
   bool params_on_device_;
+  StateStorage storage_;
   bool pipeline_read_;
   bool pipeline_write_;
   std::size_t count_;
@@ -612,8 +649,8 @@ MemoryTable nvme_optimizer_memory(const config::Config& config, const Layout& la
   const MemoryKind kind = off.pin_memory ? MemoryKind::pinned_host : MemoryKind::pageable_host;
   const std::uint64_t slice = slice_elems(config, layout.state_count);
   const std::uint64_t ring = ring_size(config);
-  const auto tensors = static_cast<std::uint64_t>(slice_tensors(config.optimizer->type));
-  t.at(kind, MemCategory::optim_state) += ring * (tensors * slice * 4 + offload::kDirectAlign);
+  const std::uint64_t bytes = slice * slice_elem_bytes(config) + offload::kDirectAlign;
+  t.at(kind, MemCategory::optim_state) += ring * ((bytes + sizeof(float) - 1) / sizeof(float) * sizeof(float));
   if (options.params_on_device) t.at(kind, MemCategory::staging) += ring * slice * size_of(options.compute_dtype);
   const std::uint64_t slot = staging_slot_elems(layout);
   t.at(kind, MemCategory::staging) += kSlots * slot * size_of(options.comm_dtype);
@@ -629,18 +666,21 @@ std::uint64_t nvme_optimizer_disk_bytes(const config::Config& config, const Layo
                                         const OffloadOptions& options) {
   if (config.zero.offload_optimizer.device != config::OffloadDevice::nvme || !config.optimizer) return 0;
   const std::uint64_t n = layout.state_count;
-  const auto tensors = static_cast<std::uint64_t>(slice_tensors(config.optimizer->type));
+  const StateStorage storage = StateStorage::of(config);
+  const auto states = static_cast<std::uint64_t>(state_tensors(config.optimizer->type));
   const auto logs = static_cast<std::uint64_t>(std::max<std::int64_t>(config.batch.gradient_accumulation_steps - 1, 0));
-  return tensors * offload::direct_align_up(4 * n) + logs * offload::direct_align_up(n * size_of(options.comm_dtype));
+  return offload::direct_align_up(n * size_of(storage.master)) + offload::direct_align_up(4 * n) +
+         states * offload::direct_align_up(n * size_of(storage.state)) +
+         logs * offload::direct_align_up(n * size_of(options.comm_dtype));
 }
 
 NvmeTraffic nvme_optimizer_traffic(const config::Config& config, const Layout& layout, const OffloadOptions& options) {
   if (config.zero.offload_optimizer.device != config::OffloadDevice::nvme || !config.optimizer) return {};
   const std::uint64_t n = layout.state_count;
-  const auto tensors = static_cast<std::uint64_t>(slice_tensors(config.optimizer->type));
+  const std::uint64_t state_bytes = n * slice_elem_bytes(config);  // master, moments, accumulator
   const auto logs = static_cast<std::uint64_t>(std::max<std::int64_t>(config.batch.gradient_accumulation_steps - 1, 0));
   const std::uint64_t log_bytes = logs * n * size_of(options.comm_dtype);
-  return {.read_bytes = tensors * 4 * n + log_bytes, .write_bytes = tensors * 4 * n + log_bytes};
+  return {.read_bytes = state_bytes + log_bytes, .write_bytes = state_bytes + log_bytes};
 }
 
 std::unique_ptr<ShardOptimizer> make_nvme_optimizer(const config::Config& config, const Layout& layout, Device& device,

@@ -1,7 +1,8 @@
-// NVMe offload of the optimizer (zero_optimization.offload_optimizer.device = nvme): this rank's fp32 master,
-// moments and gradient accumulators live in files under offload_optimizer.nvme_path, in a directory of the
-// rank's own (zero3-<host>-<pid>-<n>-rank<r>) that the optimizer creates and removes; host memory holds only
-// pipeline buffers. Files are read and written with O_DIRECT through zero3/offload/aio.hpp (io_uring).
+// NVMe offload of the optimizer (zero_optimization.offload_optimizer.device = nvme): this rank's master and
+// moments (in their StateStorage dtypes: 16-bit files take half the disk and half the step's traffic) and fp32
+// gradient accumulators live in files under offload_optimizer.nvme_path, in a directory of the rank's own
+// (zero3-<host>-<pid>-<n>-rank<r>) that the optimizer creates and removes; host memory holds only pipeline
+// buffers. Files are read and written with O_DIRECT through zero3/offload/aio.hpp (io_uring).
 //
 // Gradients: each reduced piece is copied device-to-host as with CPU offload, and the worker thread then
 //   - in a micro-batch before the window's last: appends it, as it arrived (comm dtype), to the log of that
@@ -34,15 +35,15 @@
 
 namespace zero3::engine {
 
-// The largest step slice, in elements (a multiple of the O_DIRECT block in fp32).
+// The largest step slice, in elements (a multiple of the O_DIRECT block in every stored dtype).
 inline constexpr std::size_t kNvmeSliceElems = std::size_t{1} << 22;
 
 // Host memory the NVMe optimizer allocates (slice ring, gradient staging, the worker's buffers), per kind
 // and category; empty unless offload_optimizer.device is nvme.
 MemoryTable nvme_optimizer_memory(const config::Config& config, const Layout& layout, const OffloadOptions& options,
                                   DeviceKind device);
-// Bytes its files take on the disk: master, moments and accumulators (fp32) and the gradient logs of
-// gradient_accumulation_steps - 1 micro-batches (comm dtype), each rounded up to whole blocks.
+// Bytes its files take on the disk: master and moments (in their stored dtypes), the fp32 accumulators and the
+// gradient logs of gradient_accumulation_steps - 1 micro-batches (comm dtype), each rounded up to whole blocks.
 std::uint64_t nvme_optimizer_disk_bytes(const config::Config& config, const Layout& layout,
                                         const OffloadOptions& options);
 

@@ -55,6 +55,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
         comm_dtype_(options.comm_dtype),
         compute_dtype_(options.compute_dtype),
         params_on_device_(options.params_on_device),
+        storage_(StateStorage::of(config)),
         count_(layout.state_count),
         sharded_count_(layout.sharded_state_count),
         cut_(offload_cut(config, layout.state_count)) {
@@ -74,7 +75,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
       }
     }
     if (cut_ > 0) {
-      device_part_ = make_device_optimizer(config_, device, stream, cut_, std::min(sharded_count_, cut_),
+      device_part_ = make_device_optimizer(config_, storage_, device, stream, cut_, std::min(sharded_count_, cut_),
                                            std::move(device_segments));
     }
     // Host chunks: sub-group boundaries, then at most kChunkElems each.
@@ -85,9 +86,9 @@ class OffloadShardOptimizer final : public ShardOptimizer {
       HostChunk c;
       c.offset = a;
       c.count = n;
-      c.master = host.allocate(device, n, DType::f32, pinned, MemCategory::master);
-      if (has_m) c.exp_avg = host.allocate(device, n, DType::f32, pinned, MemCategory::optim_state);
-      if (has_v) c.exp_avg_sq = host.allocate(device, n, DType::f32, pinned, MemCategory::optim_state);
+      c.master = host.allocate(device, n, storage_.master, pinned, MemCategory::master);
+      if (has_m) c.exp_avg = host.allocate(device, n, storage_.state, pinned, MemCategory::optim_state);
+      if (has_v) c.exp_avg_sq = host.allocate(device, n, storage_.state, pinned, MemCategory::optim_state);
       c.acc = host.allocate(device, n, DType::f32, pinned, MemCategory::grad_shard);
       if (params_on_device_) c.params = host.allocate(device, n, compute_dtype_, pinned, MemCategory::staging);
       for (Buffer* b : {&c.exp_avg, &c.exp_avg_sq, &c.acc}) {
@@ -312,10 +313,15 @@ class OffloadShardOptimizer final : public ShardOptimizer {
 
   void step_range(offload::SimdPath simd, const OptimizerStepArgs& args, const StateSegment& seg, HostChunk& c,
                   std::size_t local, std::size_t n, void* params_base, bool stream_params) {
+    const auto at = [local](const Buffer& b) -> void* {
+      return b.empty() ? nullptr : static_cast<std::byte*>(b.data()) + local * size_of(b.dtype());
+    };
     offload::StepSpan span;
-    span.master = c.master.view().as<float>() + local;
-    span.exp_avg = c.exp_avg.empty() ? nullptr : c.exp_avg.view().as<float>() + local;
-    span.exp_avg_sq = c.exp_avg_sq.empty() ? nullptr : c.exp_avg_sq.view().as<float>() + local;
+    span.master = at(c.master);
+    span.exp_avg = at(c.exp_avg);
+    span.exp_avg_sq = at(c.exp_avg_sq);
+    span.master_dtype = storage_.master;
+    span.state_dtype = storage_.state;
     span.grad = c.acc.view().as<float>() + local;
     span.grad_dtype = DType::f32;
     span.param = static_cast<std::byte*>(params_base) + local * size_of(compute_dtype_);  // the chunk's params
@@ -332,6 +338,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   DType comm_dtype_;
   DType compute_dtype_;
   bool params_on_device_;
+  StateStorage storage_;
   std::size_t count_;
   std::size_t sharded_count_;
   std::size_t cut_;
@@ -419,15 +426,18 @@ MemoryTable offload_optimizer_memory(const config::Config& config, const Layout&
   const std::uint64_t states = static_cast<std::uint64_t>(state_tensors(config.optimizer->type));
   const std::uint64_t cut = offload_cut(config, layout.state_count);
   const std::uint64_t host = layout.state_count - cut;
+  const StateStorage storage = StateStorage::of(config);
+  const std::uint64_t master_bytes = size_of(storage.master);
+  const std::uint64_t state_bytes = size_of(storage.state);
   // The device part: a device optimizer over [0, cut).
-  t.at(MemoryKind::device, MemCategory::master) += 4 * cut;
+  t.at(MemoryKind::device, MemCategory::master) += master_bytes * cut;
   t.at(MemoryKind::device, MemCategory::grad_shard) += 4 * cut;
-  t.at(MemoryKind::device, MemCategory::optim_state) += 4 * states * cut;
+  t.at(MemoryKind::device, MemCategory::optim_state) += state_bytes * states * cut;
   if (host == 0) return t;
   const MemoryKind kind = off.pin_memory ? MemoryKind::pinned_host : MemoryKind::pageable_host;
-  t.at(kind, MemCategory::master) += 4 * host;
+  t.at(kind, MemCategory::master) += master_bytes * host;
   t.at(kind, MemCategory::grad_shard) += 4 * host;
-  t.at(kind, MemCategory::optim_state) += 4 * states * host;
+  t.at(kind, MemCategory::optim_state) += state_bytes * states * host;
   if (options.params_on_device) t.at(kind, MemCategory::staging) += host * size_of(options.compute_dtype);
   t.at(kind, MemCategory::staging) += kSlots * staging_slot_elems(layout) * size_of(options.comm_dtype);
   t.at(device_caps(device).host_staging, MemCategory::staging) += 2 * sizeof(float);

@@ -1,7 +1,7 @@
-// CPU offload of the optimizer (zero_optimization.offload_optimizer.device = cpu): the fp32 master, the
-// moments and the fp32 gradient accumulators of this rank's shard live in host memory (pinned when
-// pin_memory is set), on the NUMA node closest to the rank's GPU, stepped by the SIMD CPU optimizers
-// (zero3/offload/cpu_optimizer.hpp) on threads bound to that node's cores.
+// CPU offload of the optimizer (zero_optimization.offload_optimizer.device = cpu): the master and the moments
+// (fp32, or 16-bit as StateStorage says) and the fp32 gradient accumulators of this rank's shard live in host
+// memory (pinned when pin_memory is set), on the NUMA node closest to the rank's GPU, stepped by the SIMD CPU
+// optimizers (zero3/offload/cpu_optimizer.hpp) on threads bound to that node's cores.
 //
 // Pipeline: each reduced gradient piece is copied device-to-host into a ring of staging slots on the comm
 // stream as soon as it is reduced (during backward), and a host worker accumulates it into the fp32

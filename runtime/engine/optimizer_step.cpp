@@ -21,15 +21,17 @@ using config::OptimizerType;
 
 class DeviceShardOptimizer final : public ShardOptimizer {
  public:
-  DeviceShardOptimizer(const config::OptimizerConfig& config, Device& device, Stream& stream, std::size_t count,
-                       std::size_t sharded_count, std::vector<StateSegment> segments)
+  DeviceShardOptimizer(const config::OptimizerConfig& config, StateStorage storage, Device& device, Stream& stream,
+                       std::size_t count, std::size_t sharded_count, std::vector<StateSegment> segments)
       : config_(config), sharded_count_(std::min(sharded_count, count)), segments_(std::move(segments)) {
-    master_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::master);
+    ZERO3_CHECK(kernels::optimizer_storage_supported(storage.master, storage.state),
+                "device optimizer: unsupported master/state dtypes");
+    master_ = device.allocate(count, storage.master, MemoryKind::device, MemCategory::master);
     acc_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::grad_shard);
     const bool has_m = config.type != OptimizerType::adagrad;
     const bool has_v = config.type != OptimizerType::lion;  // Adagrad's sum of squares sits here
-    if (has_m) exp_avg_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::optim_state);
-    if (has_v) exp_avg_sq_ = device.allocate(count, DType::f32, MemoryKind::device, MemCategory::optim_state);
+    if (has_m) exp_avg_ = device.allocate(count, storage.state, MemoryKind::device, MemCategory::optim_state);
+    if (has_v) exp_avg_sq_ = device.allocate(count, storage.state, MemoryKind::device, MemCategory::optim_state);
     for (Buffer* b : {&acc_, &exp_avg_, &exp_avg_sq_}) {
       if (!b->empty()) kernels::fill(stream, b->view(), 0.0f);
     }
@@ -142,10 +144,11 @@ kernels::AdagradArgs adagrad_args(const config::OptimizerConfig& config, const O
   return a;
 }
 
-std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerConfig& optimizer, Device& device,
-                                                      Stream& stream, std::size_t count, std::size_t sharded_count,
-                                                      std::vector<StateSegment> segments) {
-  return std::make_unique<DeviceShardOptimizer>(optimizer, device, stream, count, sharded_count, std::move(segments));
+std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerConfig& optimizer, StateStorage storage,
+                                                      Device& device, Stream& stream, std::size_t count,
+                                                      std::size_t sharded_count, std::vector<StateSegment> segments) {
+  return std::make_unique<DeviceShardOptimizer>(optimizer, storage, device, stream, count, sharded_count,
+                                                std::move(segments));
 }
 
 OptimizerStep::OptimizerStep(const Wiring& wiring, std::unique_ptr<ShardOptimizer> optimizer, BufferView params,

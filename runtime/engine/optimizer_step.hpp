@@ -37,9 +37,25 @@ struct OptimizerStepArgs {
   std::int64_t step = 1;          // 1-based count of applied steps, for bias correction
 };
 
-// This rank's optimizer state and gradient accumulators, and the update: the fp32 master, the moments and
-// the fp32 gradient accumulators, in the layout's state order, stepped per StateSegment so lr_scale and
-// weight decay apply per param. Engine thread only; stream work goes on the stream passed.
+// How the master weights and the moments are stored (config::Config::master_dtype, optimizer_state_dtype): a
+// pair kernels::optimizer_storage_supported allows. The gradient accumulators are always fp32.
+struct StateStorage {
+  DType master = DType::f32;
+  DType state = DType::f32;
+  static StateStorage of(const config::Config& config) {
+    return {.master = config.master_dtype(), .state = config.optimizer_state_dtype()};
+  }
+  // Bytes per element of the master, the `states` moments and the fp32 accumulator together.
+  std::size_t bytes_per_elem(int states) const {
+    return size_of(master) + static_cast<std::size_t>(states) * size_of(state) + sizeof(float);
+  }
+};
+
+// This rank's optimizer state and gradient accumulators, and the update: the master, the moments (each in
+// the StateStorage's dtype) and the fp32 gradient accumulators, in the layout's state order, stepped per
+// StateSegment so lr_scale and weight decay apply per param. copy_out and copy_in speak fp32 whatever the
+// storage: they widen exactly and narrow by rounding to nearest even. Engine thread only; stream work goes on
+// the stream passed.
 class ShardOptimizer {
  public:
   virtual ~ShardOptimizer() = default;
@@ -105,9 +121,9 @@ kernels::AdagradArgs adagrad_args(const config::OptimizerConfig& config, const O
 
 // Master, state and accumulators in device memory (zero-filled on `stream`), updated by the device's
 // fused kernels. `sharded_count`: the first elements that belong to sharded units (the rest are persistent).
-std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerConfig& optimizer, Device& device,
-                                                      Stream& stream, std::size_t count, std::size_t sharded_count,
-                                                      std::vector<StateSegment> segments);
+std::unique_ptr<ShardOptimizer> make_device_optimizer(const config::OptimizerConfig& optimizer, StateStorage storage,
+                                                      Device& device, Stream& stream, std::size_t count,
+                                                      std::size_t sharded_count, std::vector<StateSegment> segments);
 
 // The step's all-reduced scalars: [overflow flag, sum of squares, non-finite loss marks, discard marks, stop
 // marks, memory-high marks, memory-low marks].

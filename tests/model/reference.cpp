@@ -201,6 +201,7 @@ ReferenceTrainer::ReferenceTrainer(config::Config config, model::ModelConfig mod
       Param param;
       param.spec = p;
       param.master = reference_init(p, seed);
+      if (p.trainable) store(param.master, config_.master_dtype());
       const std::size_t n = param.master.size();
       param.grad.assign(n, 0.0);
       if (p.trainable) {
@@ -265,6 +266,14 @@ std::vector<double> ReferenceTrainer::compute_param(std::string_view name) const
   return v;
 }
 
+void store(std::vector<double>& values, DType dtype) {
+  if (dtype == DType::f32) return;  // fp32 storage: the reference keeps exact arithmetic
+  for (double& v : values) {
+    const auto f = static_cast<float>(v);
+    v = dtype == DType::bf16 ? bf16_to_float(float_to_bf16(f)) : fp16_to_float(float_to_fp16(f));
+  }
+}
+
 RefStep ReferenceTrainer::step(bool overflow) {
   RefStep r;
   const std::int64_t tb = config_.batch.train_batch_size;
@@ -321,7 +330,8 @@ RefStep ReferenceTrainer::step(bool overflow) {
 }
 
 // One optimizer step of one param, in float64: DeepSpeed's CPU Adam, Lion and Adagrad (csrc/adam/cpu_adam_impl.cpp,
-// csrc/lion/cpu_lion_impl.cpp, csrc/adagrad/cpu_adagrad.cpp).
+// csrc/lion/cpu_lion_impl.cpp, csrc/adagrad/cpu_adagrad.cpp). Then the master and the moments are stored as the
+// config stores them (16-bit: rounded to nearest even, once per update).
 void ReferenceTrainer::update(Param& p, const RefLr& sched, double grad_mult) {
   const config::OptimizerConfig& o = *config_.optimizer;
   const double lr = sched.lr * p.spec.lr_scale;
@@ -374,6 +384,9 @@ void ReferenceTrainer::update(Param& p, const RefLr& sched, double grad_mult) {
       }
       break;
   }
+  store(p.master, config_.master_dtype());
+  store(p.state1, config_.optimizer_state_dtype());
+  store(p.state2, config_.optimizer_state_dtype());
 }
 
 double norm_rel_error(const std::vector<float>& a, const std::vector<double>& b) {

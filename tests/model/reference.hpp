@@ -6,7 +6,8 @@
 // csrc/adagrad), the five LR schedules (deepspeed/runtime/lr_schedules.py), the dynamic loss scaler
 // (deepspeed/runtime/fp16/loss_scaler.py) and gradient clipping (unscale_and_clip_grads in
 // deepspeed/runtime/zero/stage3.py). Frozen params, weight_decay=false and lr_scale are honoured as ParamSpec
-// describes them.
+// describes them. With 16-bit optimizer storage (Config::master_dtype, optimizer_state_dtype) the master and
+// the moments are rounded to their dtypes (through fp32, to nearest even) at init and after every update.
 // Plain single-threaded values.
 #pragma once
 
@@ -116,6 +117,9 @@ class ReferenceTrainer {
   std::int64_t global_step_ = 0;
   std::int64_t skipped_ = 0;
 };
+
+// `values` as stored in `dtype`: rounded to it (through fp32, to nearest even); unchanged for fp32.
+void store(std::vector<double>& values, DType dtype);
 
 // Relative differences used by the tests: ||a - b|| / max(||b||, tiny), and the largest
 // |a_i - b_i| / (atol + rtol |b_i|) (<= 1 means every element is within its bound).

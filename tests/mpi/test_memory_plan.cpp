@@ -133,6 +133,13 @@ const std::vector<Job>& jobs() {
                     R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
                        "stage3_param_persistence_threshold": 5000)"));
     l.push_back(job("gpt fp32 persistent small units", "", R"("stage3_param_persistence_threshold": 20000)"));
+    l.push_back(job("gpt bf16 master + bf16 states",
+                    R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+                       "bf16_optimizer_states": true},)",
+                    ""));
+    l.push_back(job("gpt bf16 master, offload_optimizer",
+                    R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true},)",
+                    R"("offload_optimizer": {"device": "cpu", "pin_memory": true})"));
     l.push_back(job("gpt bf16 small live budget", bf16,
                     R"("stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 60000,
                        "stage3_prefetch_bucket_size": 40000, "stage3_max_reuse_distance": 0)"));
@@ -268,6 +275,56 @@ TEST_CASE("model states per rank fall as 1/N", "[memory][scaling]") {
     INFO(fmt::format("[np{}] {}: one rank {} bytes, this rank {} bytes", env().world.size, mem_category_name(c), whole,
                      mine));
     CHECK(std::fabs(mine - whole / n) <= padding);
+  }
+}
+
+TEST_CASE("the optimizer's bytes per param follow its storage dtypes", "[memory][storage]") {
+  struct Storage {
+    std::string name;
+    std::string precision;
+    std::uint64_t master_bytes;  // per element
+    std::uint64_t state_bytes;   // per element of each of AdamW's two moments
+  };
+  // The accumulator is fp32 (4 bytes) in every case: master + 2 moments + accumulator.
+  const std::vector<Storage> cases = {
+      {"fp32 storage, bf16 model", R"("bf16": {"enabled": true},)", 4, 4},
+      {"bf16 master + bf16 states",
+       R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true},)", 2, 2},
+      {"bf16 master + fp32 states", R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true},)", 2, 4},
+      {"fp16 master + fp32 states", R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true},)", 2, 4},
+  };
+  const int world = env().world.size;
+  for (const Storage& c : cases) {
+    for (const std::string& offload :
+         {std::string(), std::string(R"("offload_optimizer": {"device": "cpu"})"),
+          std::string(R"("offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})")}) {
+      const config::Config cfg = job_config(job(c.name, c.precision, offload), world);
+      const std::unique_ptr<Device> host = make_host_device();
+      const auto model = models::make_train_model(*cfg.zero3.model, *host);
+      MemoryPlanOptions options;
+      options.ranks_per_node = world;
+      const MemoryPlan plan = plan_memory(model->units(), cfg, options);
+      const std::uint64_t per_param = c.master_bytes + 2 * c.state_bytes + 4;
+      INFO(fmt::format("{} {}: plan says {} bytes per param, the formula {}", c.name, offload,
+                       plan.optimizer_bytes_per_param, per_param));
+      CHECK(plan.optimizer_bytes_per_param == per_param);
+      if (offload.find("nvme") != std::string::npos) {
+        // The files: master, accumulator and moments, each rounded up to whole 4 KiB blocks.
+        const config::Config on_device = job_config(job(c.name, c.precision, ""), world);
+        const MemoryPlan d = plan_memory(model->units(), on_device, options);
+        const std::uint64_t n = d.peak.at(MemoryKind::device, MemCategory::grad_shard) / 4;
+        const auto blocks = [](std::uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+        CHECK(plan.nvme_file_bytes == blocks(n * c.master_bytes) + blocks(n * 4) + 2 * blocks(n * c.state_bytes));
+        CHECK(plan.nvme_read_bytes_per_step == n * per_param);
+        continue;
+      }
+      const MemoryKind kind =
+          offload.empty() ? MemoryKind::device : MemoryKind::pinned_host;       // pin_memory defaults to true
+      const std::uint64_t n = plan.peak.at(kind, MemCategory::grad_shard) / 4;  // fp32 accumulators
+      CHECK(n > 0);
+      CHECK(plan.peak.at(kind, MemCategory::master) == n * c.master_bytes);
+      CHECK(plan.peak.at(kind, MemCategory::optim_state) == n * 2 * c.state_bytes);
+    }
   }
 }
 

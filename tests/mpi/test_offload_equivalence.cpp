@@ -465,7 +465,7 @@ TEST_CASE("NVMe offload: a read that fails in a step stops every rank with the f
       const std::string name = entry.path().filename().string();
       if (name.find(fmt::format("-{}-", ::getpid())) != std::string::npos &&
           name.ends_with(fmt::format("-rank{}", victim))) {
-        truncated = (entry.path() / "master.f32").string();
+        truncated = (entry.path() / "master.fp32").string();
       }
     }
     REQUIRE(!truncated.empty());

@@ -411,6 +411,25 @@ TEST_CASE("ckpt: the manifest's JSON round-trips and names a bad field", "[ckpt]
   bad["format"] = "pytorch";
   REQUIRE_THROWS_WITH(ckpt::manifest_from_json(bad, "src"),
                       Equals("src: not a zero3 checkpoint (format \"pytorch\", expected \"zero3-checkpoint\")"));
+  bad = j;
+  bad["optimizer_storage"]["state"] = "int8";
+  REQUIRE_THROWS_WITH(ckpt::manifest_from_json(bad, "src"),
+                      Equals("src: field optimizer_storage.state: unknown dtype \"int8\" (fp32, bf16 or fp16)"));
+
+  // The optimizer's storage dtypes: recorded, and fp32 for a manifest written before the field existed.
+  REQUIRE(j["optimizer_storage"] == nlohmann::json({{"master", "fp32"}, {"state", "fp32"}}));
+  auto sixteen = m;
+  sixteen.master_dtype = DType::bf16;
+  sixteen.state_dtype = DType::bf16;
+  const ckpt::Manifest sixteen_back = ckpt::manifest_from_json(ckpt::to_json(sixteen), "src");
+  REQUIRE(sixteen_back.master_dtype == DType::bf16);
+  REQUIRE(sixteen_back.state_dtype == DType::bf16);
+  auto old_manifest = ckpt::to_json(sixteen);
+  old_manifest.erase("optimizer_storage");
+  const ckpt::Manifest old_back = ckpt::manifest_from_json(old_manifest, "src");
+  REQUIRE(old_back.master_dtype == DType::f32);
+  REQUIRE(old_back.state_dtype == DType::f32);
+
   auto no_bytes = ckpt::to_json(m.files[0]);
   no_bytes.erase("bytes");
   REQUIRE_THROWS_WITH(ckpt::file_summary_from_json(no_bytes), Equals("file summary: field bytes: missing"));

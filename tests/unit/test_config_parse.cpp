@@ -264,6 +264,58 @@ TEST_CASE("optimizer types and their defaults", "[config][valid]") {
   }
 }
 
+TEST_CASE("16-bit optimizer storage: master and state dtypes, and the fp32 accumulators said", "[config][valid]") {
+  const std::string z3 = R"("train_batch_size": 8, "zero_optimization": {"stage": 3}, )";
+  SECTION("bf16 master weights and states; fp32_optimizer_states follows") {
+    auto r = parse("{" + z3 + R"("optimizer": {"type": "AdamW"},
+                   "bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true}})");
+    INFO(dump(r));
+    REQUIRE(r.runnable());
+    CHECK(r.config->master_dtype() == zero3::DType::bf16);
+    CHECK(r.config->optimizer_state_dtype() == zero3::DType::bf16);
+    CHECK_FALSE(r.config->optimizer->fp32_optimizer_states);  // DeepSpeed builds its CPU Adam so
+    // DeepSpeed's key says "and grads": the accumulators stay fp32, and the parse says so in one line.
+    CHECK(has(r.warnings, "bf16.bf16_master_weights_and_grads", "gradients are still accumulated in fp32"));
+    CHECK(r.warnings.size() == 1);
+  }
+  SECTION("bf16 master weights, fp32 states (on the device as well as offloaded)") {
+    auto r = parse("{" + z3 + R"("optimizer": {"type": "Lion"}, "bf16": {"enabled": true,
+                   "bf16_master_weights_and_grads": true}})");
+    INFO(dump(r));
+    REQUIRE(r.runnable());
+    CHECK(r.config->master_dtype() == zero3::DType::bf16);
+    CHECK(r.config->optimizer_state_dtype() == zero3::DType::f32);
+    CHECK(r.config->optimizer->fp32_optimizer_states);
+    CHECK(has(r.warnings, "bf16.bf16_master_weights_and_grads", "master weights stored in bf16"));
+  }
+  SECTION("fp16 master weights") {
+    auto r = parse("{" + z3 + R"("optimizer": {"type": "AdamW"}, "fp16": {"enabled": true,
+                   "fp16_master_weights_and_grads": true}})");
+    INFO(dump(r));
+    REQUIRE(r.runnable());
+    CHECK(r.config->master_dtype() == zero3::DType::f16);
+    CHECK(r.config->optimizer_state_dtype() == zero3::DType::f32);
+    CHECK(has(r.warnings, "fp16.fp16_master_weights_and_grads", "gradients are still accumulated in fp32"));
+  }
+  SECTION("fp32 storage by default, and fp32_optimizer_states false alone is not implemented") {
+    auto r = parse("{" + z3 + R"("optimizer": {"type": "AdamW"}, "bf16": {"enabled": true}})");
+    REQUIRE(r.runnable());
+    CHECK(r.config->master_dtype() == zero3::DType::f32);
+    CHECK(r.config->optimizer_state_dtype() == zero3::DType::f32);
+    CHECK(r.warnings.empty());
+    auto alone = parse("{" + z3 + R"("optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": false}},
+                       "bf16": {"enabled": true}})");
+    CHECK(has(alone.not_implemented, "optimizer.params.fp32_optimizer_states", "bf16.bf16_optimizer_states"));
+  }
+  SECTION("fp32_optimizer_states true beside bf16 states is overridden, with a warning") {
+    auto r = parse("{" + z3 + R"("optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": true}},
+                   "bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true}})");
+    REQUIRE(r.runnable());
+    CHECK_FALSE(r.config->optimizer->fp32_optimizer_states);
+    CHECK(has(r.warnings, "optimizer.params.fp32_optimizer_states", "overridden by bf16.bf16_optimizer_states"));
+  }
+}
+
 TEST_CASE("scheduler types and their defaults", "[config][valid]") {
   const std::string head = R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, )";
   SECTION("WarmupLR without warmup_max_lr takes the optimizer lr") {

@@ -56,6 +56,11 @@ void print_table(const MemoryPlan& plan, const config::Config& cfg, std::uint64_
       mib(plan.resident_peak()), mib(plan.resident_base), mib(plan.library_temporary),
       plan.device_memory_on_host ? "every kind above (the host device's memory is host memory)"
                                  : "the host kinds above (device memory is the GPU's)");
+  fmt::print(
+      "optimizer storage per trainable param: {} bytes = {} master ({} B) + {} optimizer state(s) in {} ({} B each) + "
+      "fp32 gradient accumulator (4 B)\n",
+      plan.optimizer_bytes_per_param, dtype_name(plan.master_dtype), size_of(plan.master_dtype), plan.optimizer_states,
+      dtype_name(plan.state_dtype), size_of(plan.state_dtype));
   if (plan.nvme_file_bytes > 0) {
     fmt::print(
         "NVMe offload: {} MiB of files per rank under offload_optimizer.nvme_path; each optimizer step reads {} MiB "

@@ -1,11 +1,14 @@
 // Exact resume: a run saved at step 3 (sync and async saves) and resumed by an engine made with other
 // initial values ends bitwise equal to an uninterrupted run, for AdamW + WarmupLR, bf16 + CPU offload, fp16
-// with overflow skips, Lion, Adagrad, frozen params with accumulation, offload_param, and NVMe offload.
+// with overflow skips, Lion, Adagrad, frozen params with accumulation, offload_param, NVMe offload, and 16-bit
+// optimizer storage (bf16 master and moments, fp16 master) on the device and offloaded. A checkpoint of one
+// optimizer storage loads into a job of another converted, with a note naming both.
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "ckpt_fixtures.hpp"
 #include "zero3/ckpt/checkpoint.hpp"
 #include "zero3/ckpt/checkpointer.hpp"
+#include "zero3/core/dtype.hpp"
 
 using namespace zero3;
 using namespace zero3::test::engine_trainer;
@@ -175,6 +179,32 @@ std::vector<ResumeCase> resume_cases() {
     c.text.clipping = 0.5;
     cases.push_back(c);
   }
+  const std::string bf16_storage =
+      R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true})";
+  {
+    ResumeCase c;
+    c.name = "bf16 master + bf16 states, on the device";
+    c.text.precision = bf16_storage;
+    c.text.clipping = 0.5;
+    cases.push_back(c);
+  }
+  {
+    ResumeCase c;
+    c.name = "bf16 master + bf16 states, offload_optimizer cpu, frozen params";
+    c.frozen = true;
+    c.text.precision = bf16_storage;
+    c.text.zero += ", " + offload_opt;
+    cases.push_back(c);
+  }
+  {
+    ResumeCase c;
+    c.name = "fp16 master, offload_optimizer nvme, Lion";
+    c.text.precision = R"("fp16": {"enabled": true, "initial_scale_power": 8, "fp16_master_weights_and_grads": true})";
+    c.text.optimizer = R"({"type": "Lion", "params": {"lr": 1e-3, "weight_decay": 0.1}})";
+    c.text.zero +=
+        R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + test::nvme_test_directory() + R"("})";
+    cases.push_back(c);
+  }
   {
     ResumeCase c;
     c.name = "bf16, offload_param + offload_optimizer, frozen params";
@@ -192,4 +222,74 @@ TEST_CASE("a checkpoint resumes training exactly: sync and async saves", "[ckpt]
   for (const ResumeCase& c : resume_cases()) {
     for (const bool async : {true, false}) run_resume(c, async);
   }
+}
+
+namespace {
+
+// The values a job whose optimizer stores `dtype` holds after writing `v` (fp32): rounded to nearest even.
+float stored_as(DType dtype, float v) {
+  if (dtype == DType::bf16) return bf16_to_float(float_to_bf16(v));
+  if (dtype == DType::f16) return fp16_to_float(float_to_fp16(v));
+  return v;
+}
+
+// Saves job `from` at step kSaveAt, loads it into job `to` (other storage dtypes, same model dtype) and checks
+// the note and that every optimizer tensor of `to` is `from`'s value as `to` stores it.
+void run_converting_load(const std::string& from, const std::string& to, const std::string& name) {
+  INFO(fmt::format("[np{}] {}", world_size(), name));
+  const model::ModelConfig mc = transformer();
+  const std::vector<UnitSpec> units = transformer_units(mc, /*frozen=*/false);
+  ConfigText from_text = trainer_config();
+  from_text.precision = from;
+  ConfigText to_text = trainer_config();
+  to_text.precision = to;
+  const SharedTempDir root;
+  EngineTrainer saver(from_text.parse(), mc, units);
+  train_steps(saver, 0, kSaveAt);
+  const Snapshot saved = snapshot(saver.engine());
+  {
+    ckpt::Checkpointer ck(saver.engine(), env().bootstrap, {.async = false});
+    ck.save(root.path(), "step3", kSaveAt, Json::object());
+    for (const ckpt::SaveReport& r : ck.wait()) CHECK(r.ok);
+  }
+  EngineTrainer loader(to_text.parse(), mc, reinitialized(units));
+  ckpt::Checkpointer ck(loader.engine(), env().bootstrap);
+  const ckpt::LoadResult loaded = ck.load(root.path());
+  const config::Config& a = saver.engine().config();
+  const config::Config& b = loader.engine().config();
+  REQUIRE(loaded.notes.size() == 1);
+  const std::string& note = loaded.notes[0];
+  INFO(note);
+  CHECK_THAT(note, Contains(fmt::format("checkpoint's master {} / states {}", dtype_name(a.master_dtype()),
+                                        dtype_name(a.optimizer_state_dtype()))));
+  CHECK_THAT(note, Contains(fmt::format("job's master {} / states {}", dtype_name(b.master_dtype()),
+                                        dtype_name(b.optimizer_state_dtype()))));
+  const Snapshot got = snapshot(loader.engine());
+  REQUIRE(got.names == saved.names);
+  int differing = 0;
+  for (std::size_t t = 0; t < got.tensors.size(); ++t) {
+    const bool is_master = got.names[t].ends_with("/master");
+    const bool is_param = got.names[t].ends_with("/param");
+    const DType dtype = is_param ? b.model_dtype() : is_master ? b.master_dtype() : b.optimizer_state_dtype();
+    std::vector<float> want = saved.tensors[t];
+    for (float& v : want) v = stored_as(dtype, v);
+    if (std::memcmp(want.data(), got.tensors[t].data(), want.size() * sizeof(float)) != 0 && ++differing <= 3) {
+      UNSCOPED_INFO(fmt::format("{} is not the checkpoint's value rounded to {}", got.names[t], dtype_name(dtype)));
+    }
+  }
+  CHECK(differing == 0);
+  // It trains on from there.
+  CHECK(train_steps(loader, kSaveAt, kSaveAt + 1).back().applied);
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint of other optimizer storage dtypes loads converted, with a note", "[ckpt][storage]") {
+  const std::string fp32_storage = R"("bf16": {"enabled": true})";
+  const std::string bf16_storage =
+      R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true})";
+  const std::string bf16_master = R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true})";
+  run_converting_load(fp32_storage, bf16_storage, "fp32 storage saved, bf16 master + states loaded (rounded)");
+  run_converting_load(bf16_storage, fp32_storage, "bf16 master + states saved, fp32 storage loaded (widened)");
+  run_converting_load(bf16_storage, bf16_master, "bf16 states saved, fp32 states loaded");
 }

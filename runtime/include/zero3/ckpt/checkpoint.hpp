@@ -6,8 +6,9 @@
 //   ROOT/latest                 the tag of the newest complete checkpoint ("global_step100\n"), replaced
 //                               atomically (write + fsync + rename) only after that checkpoint is committed
 //   ROOT/TAG/manifest.json      written last: format/version, tag, step, world size, caller's config and its
-//                               hash, params (name, unit, shape, dtype), every file (size, xxh64, index of
-//                               chunks with their own xxh64), the caller's opaque "state" object
+//                               hash, params (name, unit, shape, dtype), the optimizer's storage dtypes, every
+//                               file (size, xxh64, index of chunks with their own xxh64), the caller's opaque
+//                               "state" object
 //   ROOT/TAG/rank_00003.bin     rank 3's chunks, back to back; each chunk is one run of one (param, kind)
 //   ROOT/.tmp.TAG/              a save in progress: renamed to ROOT/TAG by commit() after fsync
 //
@@ -40,8 +41,9 @@ inline constexpr std::string_view kFormat = "zero3-checkpoint";
 inline constexpr int kVersion = 1;
 
 // A run of elements [first, first + count) of the flattened (row-major) param `param`, of tensor `kind`
-// ("param": the low-precision model weights; "master", "exp_avg", "exp_avg_sq": fp32 optimizer state), in
-// `dtype`. `offset` is its byte offset in its file; `xxh64` the hash of its bytes (seed 0).
+// ("param": the low-precision model weights; "master", "exp_avg", "exp_avg_sq": the optimizer state, in the
+// dtypes the optimizer stores them, Manifest::master_dtype and state_dtype), in `dtype`. `offset` is its byte offset in
+// its file; `xxh64` the hash of its bytes (seed 0).
 struct ChunkEntry {
   std::string param;
   std::string kind;
@@ -78,6 +80,10 @@ struct Manifest {
   nlohmann::json config;    // the caller's resolved config
   std::string config_hash;  // the caller's hash of it
   std::vector<ParamInfo> params;
+  // How the saving job's optimizer stored its master weights and its moments ("optimizer_storage": {"master",
+  // "state"}); a manifest without the field (written before 16-bit storage existed) reads as fp32 for both.
+  DType master_dtype = DType::f32;
+  DType state_dtype = DType::f32;
   std::vector<FileSummary> files;
   nlohmann::json state;  // the caller's opaque state (scheduler, loss scaler, RNG, sampler, counters)
 };

@@ -18,10 +18,10 @@
 // written or read.
 //
 // A save writes, on every rank, only the rank's own slices (engine.state().local_slices(owned)) of the params,
-// fp32 master weights and optimizer moments, plus a manifest (rank 0) holding the engine's training state
-// (step counters, lr schedule, loss scaler), the resolved config and its hash, and the trainer's own state
-// (an opaque JSON object: data-sampler position, RNG seed, ...). It commits by atomic rename after fsync;
-// ROOT/latest moves only after the commit, so it always names a complete checkpoint.
+// master weights and optimizer moments (each in the dtype the optimizer stores it), plus a manifest (rank 0)
+// holding the engine's training state (step counters, lr schedule, loss scaler), the resolved config and its
+// hash, and the trainer's own state (an opaque JSON object: data-sampler position, RNG seed, ...). It commits by atomic
+// rename after fsync; ROOT/latest moves only after the commit, so it always names a complete checkpoint.
 //
 // Async saves: save() copies the state into a staging area of at most `staging_bytes` (pageable host
 // memory, reported to the engine's memory tracker as staging) and returns as soon as the last byte is in
@@ -38,7 +38,9 @@
 // of that tag to remove. Call wait() on every rank before destroying a Checkpointer.
 //
 // A load works at any world size: each rank reads only the byte ranges of the slices it keeps, a bounded
-// block at a time, verifying each chunk's checksum. A checkpoint whose params (names, shapes) or
+// block at a time, verifying each chunk's checksum. Into a job whose optimizer stores its master or moments in
+// other dtypes than the checkpoint's, the values are converted (rounded to nearest even when narrowing) and
+// LoadResult::notes says so. A checkpoint whose params (names, shapes) or
 // optimizer type conflict with the job is refused with CheckpointError naming the conflict, before
 // anything is written into the engine.
 #pragma once
@@ -80,6 +82,9 @@ struct LoadResult {
   int saved_world_size = 1;
   nlohmann::json trainer_state;  // what the saver passed as trainer_state
   std::uint64_t bytes_read = 0;  // by this rank
+  // What the load converted, one line each, the same on every rank (rank 0 also emits each as an event):
+  // optimizer storage dtypes that differ from the job's ("checkpoint_storage_converted").
+  std::vector<std::string> notes;
 };
 
 class Checkpointer {

@@ -398,6 +398,16 @@ struct Config {
   DType model_dtype() const { return fp16.enabled ? DType::f16 : bf16.enabled ? DType::bf16 : DType::f32; }
   // Gradient accumulation dtype: data_types.grad_accum_dtype, else the model dtype.
   DType grad_accum_dtype() const { return data_types.grad_accum_dtype.value_or(model_dtype()); }
+  // How the optimizer stores its master weights: bf16 with bf16.bf16_master_weights_and_grads, fp16 with
+  // fp16.fp16_master_weights_and_grads, else fp32. The gradient accumulators are fp32 whatever these keys say.
+  DType master_dtype() const {
+    return bf16.bf16_master_weights_and_grads   ? DType::bf16
+           : fp16.fp16_master_weights_and_grads ? DType::f16
+                                                : DType::f32;
+  }
+  // How it stores its moments (Adam's m and v, Lion's m, Adagrad's sum of squares): bf16 with
+  // bf16.bf16_optimizer_states, else fp32.
+  DType optimizer_state_dtype() const { return bf16.bf16_optimizer_states ? DType::bf16 : DType::f32; }
 };
 
 // Fills what a config leaves to the run length: scheduler total_num_steps given as "auto" in a config without

@@ -11,13 +11,13 @@
 //   const MemoryPlan plan = plan_memory(units, cfg, options);  // the units a trainer passes to add_unit
 //   if (plan.peak_total(MemoryKind::device) > free_bytes) ... plan.describe_kind(MemoryKind::device) ...
 //
-// How each category is derived (docs/memory.md): model states (param shards, fp32 master, accumulators,
-// optimizer states) from the flat layout, exactly; gathered params by running the engine's gather
-// schedule (prefetch bucket, live budget, reuse distance, persistence) over a window's unit walk;
-// gradient buffers from the backward walk (a unit's buffer while the one before it is still being
-// reduced); the reduction's and the communicator's scratch from the pieces reduce_bucket_size cuts;
-// staging from the offload pipeline's slots and copies and the checkpoint's staging; activations as the
-// model reports them. Every rank of a job holds the same amounts (shards are equal by construction).
+// How each category is derived (docs/memory.md): model states (param shards, master weights, accumulators,
+// optimizer states, each in its stored dtype) from the flat layout, exactly; gathered params by running the engine's
+// gather schedule (prefetch bucket, live budget, reuse distance, persistence) over a window's unit walk; gradient
+// buffers from the backward walk (a unit's buffer while the one before it is still being reduced); the reduction's and
+// the communicator's scratch from the pieces reduce_bucket_size cuts; staging from the offload pipeline's slots and
+// copies and the checkpoint's staging; activations as the model reports them. Every rank of a job holds the same
+// amounts (shards are equal by construction).
 #pragma once
 
 #include <array>
@@ -102,6 +102,13 @@ struct MemoryPlan {
   // Open MPI's reduce-scatter algorithms take a buffer of the call's whole input, so the largest gradient
   // reduction's input (fp32). 0 on one rank and with NCCL (whose buffers are the GPU's).
   std::uint64_t library_temporary = 0;
+  // The optimizer's storage per trainable element, wherever it lives: the master (master_dtype), `optimizer_states`
+  // moments (state_dtype) and the fp32 gradient accumulator. AdamW: 16 bytes in fp32; 10 with bf16 master and
+  // moments (bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states); 14 with a 16-bit master alone.
+  DType master_dtype = DType::f32;
+  DType state_dtype = DType::f32;
+  int optimizer_states = 0;
+  std::uint64_t optimizer_bytes_per_param = 0;
   // NVMe offload (offload_optimizer.device "nvme"): bytes of a rank's files under nvme_path, and what one
   // optimizer step (its accumulation window included) reads from and writes to them. 0 otherwise.
   std::uint64_t nvme_file_bytes = 0;

@@ -58,10 +58,12 @@ class EngineState {
   std::size_t state_bytes(TensorKind kind, std::span<const ParamSlice> slices) const;
   // Copies this rank's elements of `slices` (each in local_slices(false)) of `kind` (param, master,
   // exp_avg, exp_avg_sq; frozen params: param only) into `out`, back to back, in slice order: compute
-  // dtype for param, fp32 for the others. UsageError for a kind the optimizer keeps no state of.
+  // dtype for param, fp32 for the others (16-bit master weights and moments widened exactly). UsageError for
+  // a kind the optimizer keeps no state of.
   void read_state(TensorKind kind, std::span<const ParamSlice> slices, std::span<std::byte> out) const;
-  // The reverse: writes them into the rank's shards and optimizer state. Derived copies (persistent
-  // units' device copies under offload_param) are refreshed before the call returns.
+  // The reverse: writes them into the rank's shards and optimizer state (rounded to nearest even where the
+  // optimizer stores 16 bits). Derived copies (persistent units' device copies under offload_param) are
+  // refreshed before the call returns.
   void write_state(TensorKind kind, std::span<const ParamSlice> slices, std::span<const std::byte> in) const;
   // Whether the optimizer keeps `kind` (param and master always; exp_avg: Adam, AdamW, Lion; exp_avg_sq:
   // Adam, AdamW, Adagrad).
