@@ -4,7 +4,7 @@
 // block-aligned ranges go straight between the file and aligned memory, asynchronously, for the step's
 // pipeline. The file is created (with its whole size reserved on the disk) by the constructor and removed by
 // the destructor. A SwapFile may be used from several threads only when each passes its own queue and bounce
-// buffer and their element ranges do not share a block.
+// buffer and their element ranges do not share a block. RankDirectory: the directory of one rank's files.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +14,23 @@
 #include "zero3/offload/aio.hpp"
 
 namespace zero3::engine {
+
+// The rank's directory under an NVMe path, zero3-<host>-<pid>-<n>-rank<r>: made by the constructor (IoError
+// when it cannot be), removed once empty by the destructor. Before making it, directories of this host's
+// jobs whose process is gone (killed before they could remove theirs) are removed with a warning, so that a
+// crashed job's files do not fill the disk for good; the ranks of a job starting on one host all look, and
+// each such directory is claimed by a rename before one of them removes it.
+class RankDirectory {
+ public:
+  RankDirectory(const std::string& root, int rank);
+  ~RankDirectory();
+  RankDirectory(const RankDirectory&) = delete;
+  RankDirectory& operator=(const RankDirectory&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 class SwapFile {
  public:
