@@ -37,8 +37,6 @@ void parse_offload(ObjectReader& zr, Context& cx, std::string_view key, OffloadC
   }
   if (o.device == OffloadDevice::nvme) {
     if (!o.nvme_path || o.nvme_path->empty()) r.error("nvme_path", "required when device is \"nvme\"");
-    if (!optimizer)
-      r.not_implemented("device", "NVMe offload of params is not implemented (offload_param: use \"cpu\")");
     if (optimizer && !(o.pipeline_read && o.pipeline_write)) {
       r.sink().lint(r.path_of("device"),
                     "NVMe offload with pipeline_read or pipeline_write false (DeepSpeed's default): the step waits "
@@ -237,6 +235,12 @@ void parse_zero_optimization(ObjectReader& top, Context& cx) {
     }
     if (z.offload_param.enabled() && z.stage != 3) {
       cx.sink.warning(r.path_of("offload_param"), "ignored below stage 3 (as in DeepSpeed)");
+    }
+    if (z.offload_param.device == OffloadDevice::nvme &&
+        (z.offload_optimizer.device == OffloadDevice::none || z.offload_optimizer.ratio < 1.0)) {
+      cx.sink.not_implemented(r.path_of("offload_param") + ".device",
+                              "\"nvme\" with the optimizer step on the device: NVMe offload of params needs "
+                              "offload_optimizer.device \"cpu\" or \"nvme\" (ratio 1)");
     }
     r.finish();
   }

@@ -44,10 +44,12 @@ void check_config(const config::Config& config, const comm::World& world) {
         "optimizer: the zero3 engine needs an optimizer block (type Adam, AdamW, Lion or Adagrad); ZeRO-3 inference "
         "without an optimizer is not implemented");
   }
-  if (config.zero.offload_param.device == OffloadDevice::nvme) {
+  if (config.zero.offload_param.device == OffloadDevice::nvme &&
+      (config.zero.offload_optimizer.device == OffloadDevice::none || config.zero.offload_optimizer.ratio < 1.0)) {
     throw ConfigError(
-        "zero_optimization.offload_param.device: \"nvme\" is not implemented (NVMe offload of params); use "
-        "\"cpu\" or \"none\"");
+        "zero_optimization.offload_param.device: \"nvme\" needs the optimizer step on the CPU "
+        "(offload_optimizer.device \"cpu\" or \"nvme\", ratio 1), which writes the new params from host memory; "
+        "NVMe offload of params with the optimizer on the device is not implemented");
   }
   if (config.zero.offload_optimizer.device == OffloadDevice::nvme &&
       config.aio.block_size % static_cast<std::int64_t>(offload::kDirectAlign) != 0) {
@@ -238,7 +240,7 @@ void Engine::Impl::agree_or_throw(const std::function<void()>& fn, bool config_e
 
 void Engine::Impl::check_offload_budget(const engine::Layout& built) {
   const config::ZeroConfig& zero = config.zero;
-  const bool offload_params = zero.offload_param.device == OffloadDevice::cpu;
+  const bool offload_params = zero.offload_param.device != OffloadDevice::none;
   const bool offload_optimizer = zero.offload_optimizer.device != OffloadDevice::none;
   if (!offload_params && !offload_optimizer) return;
   // Everything offload will take from host memory (and from the disk) is checked against the budget before
@@ -246,18 +248,7 @@ void Engine::Impl::check_offload_budget(const engine::Layout& built) {
   const engine::OffloadOptions options{
       .compute_dtype = dtype, .comm_dtype = comm_dtype, .params_on_device = !offload_params};
   const engine::HostFootprint need = engine::offload_footprint(config, built, options, device->kind());
-  if (zero.offload_optimizer.device == OffloadDevice::nvme) {
-    // The node's ranks share the disk: room for all of them, and the same verdict on every rank before any
-    // file is made.
-    const std::uint64_t per_rank = engine::nvme_optimizer_disk_bytes(config, built, options);
-    agree_or_throw(
-        [&] {
-          offload::check_nvme_path(*zero.offload_optimizer.nvme_path,
-                                   per_rank * static_cast<std::uint64_t>(world.local_size),
-                                   "zero_optimization.offload_optimizer.nvme_path");
-        },
-        /*config_error=*/true);
-  }
+  check_nvme_paths(built, options);
   offload::PinnedRequest request;
   request.pinned_bytes = need.pinned_bytes;
   request.pageable_bytes = need.pageable_bytes;
@@ -278,11 +269,34 @@ void Engine::Impl::check_offload_budget(const engine::Layout& built) {
   }
 }
 
+void Engine::Impl::check_nvme_paths(const engine::Layout& built, const engine::OffloadOptions& options) {
+  const config::ZeroConfig& zero = config.zero;
+  const std::uint64_t optimizer_bytes = engine::nvme_optimizer_disk_bytes(config, built, options);
+  const std::uint64_t param_bytes = engine::nvme_params_disk_bytes(config, built, dtype);
+  const bool same_path =
+      optimizer_bytes > 0 && param_bytes > 0 && *zero.offload_optimizer.nvme_path == *zero.offload_param.nvme_path;
+  // The node's ranks share the disk: room for all of them, and the same verdict on every rank before any
+  // file is made.
+  const auto check = [&](const std::optional<std::string>& path, std::uint64_t per_rank, const char* key) {
+    agree_or_throw(
+        [&] { offload::check_nvme_path(*path, per_rank * static_cast<std::uint64_t>(world.local_size), key); },
+        /*config_error=*/true);
+  };
+  if (optimizer_bytes > 0) {
+    check(zero.offload_optimizer.nvme_path, optimizer_bytes + (same_path ? param_bytes : 0),
+          "zero_optimization.offload_optimizer.nvme_path");
+  }
+  if (param_bytes > 0 && !same_path) {
+    check(zero.offload_param.nvme_path, param_bytes, "zero_optimization.offload_param.nvme_path");
+  }
+}
+
 std::unique_ptr<engine::ShardOptimizer> Engine::Impl::make_optimizer(const engine::Layout& built) {
   const config::ZeroConfig& zero = config.zero;
   const engine::OffloadOptions options{.compute_dtype = dtype,
                                        .comm_dtype = comm_dtype,
-                                       .params_on_device = zero.offload_param.device != OffloadDevice::cpu};
+                                       .params_on_device = zero.offload_param.device == OffloadDevice::none,
+                                       .nvme_params = nvme_params.get()};
   if (zero.offload_optimizer.device == OffloadDevice::cpu) {
     return engine::make_offload_optimizer(config, built, *device, *comm_stream, *offload_host, *timeline, options);
   }
@@ -309,12 +323,20 @@ void Engine::Impl::finalize() {
   if (offload_param.device == OffloadDevice::cpu) {
     shards = offload_host->allocate(*device, built.param_shard_count, dtype, offload_param.pin_memory,
                                     MemCategory::param_shard);
-  } else {
+  } else if (offload_param.device == OffloadDevice::none) {
     shards = device->allocate(built.param_shard_count, dtype, MemoryKind::device, MemCategory::param_shard);
   }
   std::unique_ptr<engine::ShardOptimizer> optimizer;
   std::vector<std::uint64_t> value_hashes;
   try {
+    if (offload_param.device == OffloadDevice::nvme) {
+      agree_or_throw(
+          [&] {
+            nvme_params =
+                std::make_unique<engine::NvmeParams>(config, built, *device, *offload_host, dtype, world.rank);
+          },
+          /*config_error=*/false);
+    }
     optimizer = make_optimizer(built);
     engine::ShardOptimizer& opt = *optimizer;
     engine::initialize_shards(
@@ -322,7 +344,15 @@ void Engine::Impl::finalize() {
         [&](std::size_t at, ConstBufferView values) {
           opt.copy_in(*device, TensorKind::master, at, values, *comm_stream);
         },
-        shards.view(), value_hashes);
+        dtype,
+        [&](std::size_t at, ConstBufferView values) {
+          if (nvme_params) {
+            nvme_params->write(at, values.count, values.data);
+          } else {
+            device->copy_async(shards.view().slice(at, values.count), values, *comm_stream);
+          }
+        },
+        value_hashes);
   } catch (...) {
     try {
       comm_stream->synchronize();  // nothing queued may outlive the buffers unwinding here
@@ -338,7 +368,7 @@ void Engine::Impl::finalize() {
   const engine::Wiring wiring = make_wiring();
   optimizer_step =
       std::make_unique<engine::OptimizerStep>(wiring, std::move(optimizer), param_shards.view(), *bootstrap);
-  coordinator = std::make_unique<engine::GatherCoordinator>(wiring, param_shards.view());
+  coordinator = std::make_unique<engine::GatherCoordinator>(wiring, param_shards.view(), nvme_params.get());
   reducer = std::make_unique<engine::GradReducer>(wiring, optimizer_step->optimizer());
   // The first forward reads what finalize() left on the comm stream (offloaded params: the persistent
   // units' device copies).
@@ -369,6 +399,7 @@ engine::Wiring Engine::Impl::make_wiring() {
 
 void Engine::Impl::log_finalized() const {
   const bool offload_params = config.zero.offload_param.device == OffloadDevice::cpu;
+  const bool nvme_params_on = config.zero.offload_param.device == OffloadDevice::nvme;
   const bool offload_optimizer = config.zero.offload_optimizer.device == OffloadDevice::cpu;
   const bool nvme_optimizer = config.zero.offload_optimizer.device == OffloadDevice::nvme;
   const auto persistent_units = std::count_if(layout->units.begin(), layout->units.end(),
@@ -384,8 +415,42 @@ void Engine::Impl::log_finalized() const {
                         layout->state_count - engine::offload_cut(config, layout->state_count), layout->state_count)
       : nvme_optimizer ? fmt::format("NVMe offload under {}", *config.zero.offload_optimizer.nvme_path)
                        : std::string("on the device"),
-      offload_params ? "offloaded to host memory" : "on the device", device_kind_name(device->kind()),
-      communicator->backend_name());
+      offload_params   ? std::string("offloaded to host memory")
+      : nvme_params_on ? fmt::format("on NVMe in {} ({} of {} elements kept in host memory, {} read buffers)",
+                                     nvme_params->path(), engine::nvme_params_kept_elems(config, *layout),
+                                     layout->param_shard_count, nvme_params->buffer_count())
+                       : std::string("on the device"),
+      device_kind_name(device->kind()), communicator->backend_name());
+}
+
+void Engine::Impl::read_params(std::size_t flat, BufferView dst) {
+  if (!nvme_params) {
+    device->copy_async(dst, param_shards.cview().slice(flat, dst.count), *comm_stream);
+    return;
+  }
+  if (dst.kind != MemoryKind::device) {
+    nvme_params->read(flat, dst.count, dst.data);
+    return;
+  }
+  Buffer host = device->allocate(dst.count, dst.dtype, device->caps().host_staging, MemCategory::staging);
+  nvme_params->read(flat, dst.count, host.data());
+  device->copy_async(dst, host.cview(), *comm_stream);
+  comm_stream->synchronize();  // before `host` goes
+}
+
+void Engine::Impl::write_params(std::size_t flat, ConstBufferView src) {
+  if (!nvme_params) {
+    device->copy_async(param_shards.view().slice(flat, src.count), src, *comm_stream);
+    return;
+  }
+  if (src.kind != MemoryKind::device) {
+    nvme_params->write(flat, src.count, src.data);
+    return;
+  }
+  Buffer host = device->allocate(src.count, src.dtype, device->caps().host_staging, MemCategory::staging);
+  device->copy_async(host.view(), src, *comm_stream);
+  comm_stream->synchronize();
+  nvme_params->write(flat, src.count, host.data());
 }
 
 }  // namespace zero3

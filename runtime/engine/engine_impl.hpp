@@ -18,6 +18,7 @@
 #include "gather_coordinator.hpp"
 #include "grad_reducer.hpp"
 #include "layout.hpp"
+#include "nvme_params.hpp"
 #include "offload_optimizer.hpp"
 #include "optimizer_step.hpp"
 #include "wiring.hpp"
@@ -61,6 +62,8 @@ struct Engine::Impl {
   void finalize();
   // finalize()'s parts: the offload budget check (and the OffloadHost), the optimizer, and the components.
   void check_offload_budget(const engine::Layout& built);
+  // The NVMe paths (offload_optimizer's, offload_param's) can take their files, on every rank.
+  void check_nvme_paths(const engine::Layout& built, const engine::OffloadOptions& options);
   // Collective: runs fn on every rank; when it threw on some rank, every rank throws (that rank its own error,
   // the others ConfigError or IoError naming the first failing rank and its message).
   void agree_or_throw(const std::function<void()>& fn, bool config_error) const;
@@ -68,6 +71,10 @@ struct Engine::Impl {
   // What the components share, every member named (after `layout` is set); finalize() builds it once.
   engine::Wiring make_wiring();
   void log_finalized() const;
+  // Elements [flat, flat + count) of the param shards into dst / from src (any memory), wherever the shards
+  // are: enqueued on comm_stream, or blocking (src may be reused when it returns) for shards on NVMe.
+  void read_params(std::size_t flat, BufferView dst);
+  void write_params(std::size_t flat, ConstBufferView src);
   StepResult step();
   // step() at the accumulation boundary: the optimizer and the window's statistics.
   void step_boundary(StepResult& r);
@@ -100,7 +107,8 @@ struct Engine::Impl {
   // After finalize().
   std::optional<engine::Layout> layout;
   std::unique_ptr<engine::OffloadHost> offload_host;  // CPU offload: NUMA placement and the CPU pool
-  Buffer param_shards;  // compute dtype, layout.param_shard_count (host memory with offload_param)
+  Buffer param_shards;  // compute dtype, layout.param_shard_count (host memory with offload_param cpu)
+  std::unique_ptr<engine::NvmeParams> nvme_params;  // instead, with offload_param nvme
   std::unique_ptr<engine::OptimizerStep> optimizer_step;
   std::unique_ptr<engine::GatherCoordinator> coordinator;
   std::unique_ptr<engine::GradReducer> reducer;

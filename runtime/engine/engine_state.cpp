@@ -130,7 +130,7 @@ void EngineState::read_state(TensorKind kind, std::span<const ParamSlice> slices
       const BufferView dst{out.data() + at, static_cast<std::size_t>(s.count),
                            kind == TensorKind::param ? impl.dtype : DType::f32, MemoryKind::pageable_host};
       if (kind == TensorKind::param) {
-        impl.device->copy_async(dst, impl.param_shards.cview().slice(loc.flat, dst.count), *impl.comm_stream);
+        impl.read_params(loc.flat, dst);
       } else {
         optimizer.copy_out(*impl.device, kind, loc.flat, dst, *impl.comm_stream);
       }
@@ -161,7 +161,7 @@ void EngineState::write_state(TensorKind kind, std::span<const ParamSlice> slice
       const ConstBufferView src{in.data() + at, static_cast<std::size_t>(s.count),
                                 kind == TensorKind::param ? impl.dtype : DType::f32, MemoryKind::pageable_host};
       if (kind == TensorKind::param) {
-        impl.device->copy_async(impl.param_shards.view().slice(loc.flat, src.count), src, *impl.comm_stream);
+        impl.write_params(loc.flat, src);
       } else {
         optimizer.copy_in(*impl.device, kind, loc.flat, src, *impl.comm_stream);
       }

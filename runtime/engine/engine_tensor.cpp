@@ -26,7 +26,7 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
   }
   // The rank's slice of this kind, copied into device memory (wherever it lives: device, host chunks)
   // so the all-gather reads it from where every backend can.
-  DType source_dtype = param_shards.dtype();
+  DType source_dtype = dtype;
   engine::ShardOptimizer& opt = optimizer_step->optimizer();
   const bool from_shards = kind == TensorKind::param || (kind == TensorKind::master && frozen);
   if (!from_shards) {
@@ -41,7 +41,7 @@ std::vector<float> Engine::Impl::gather_tensor(std::string_view name, TensorKind
   opt.prepare_read();
   Buffer mine = device->allocate(g.shard, source_dtype, MemoryKind::device, MemCategory::workspace);
   if (g.shard > 0 && from_shards) {
-    device->copy_async(mine.view(), param_shards.cview().slice(g.flat_offset, g.shard), *comm_stream);
+    read_params(g.flat_offset, mine.view());
   } else if (g.shard > 0) {
     opt.copy_out(*device, kind, g.flat_offset, mine.view(), *comm_stream);
   }

@@ -4,13 +4,14 @@
 
 #include <algorithm>
 
+#include "nvme_params.hpp"
 #include "zero3/comm/fault.hpp"
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/core/trace.hpp"
 
 namespace zero3::engine {
 
-GatherCoordinator::GatherCoordinator(const Wiring& wiring, BufferView param_shards)
+GatherCoordinator::GatherCoordinator(const Wiring& wiring, BufferView param_shards, NvmeParams* nvme_params)
     : layout_(wiring.layout),
       device_(wiring.device),
       comm_(wiring.communicator),
@@ -21,8 +22,9 @@ GatherCoordinator::GatherCoordinator(const Wiring& wiring, BufferView param_shar
       timeline_(wiring.timeline),
       progress_(wiring.progress),
       param_shards_(param_shards),
+      nvme_params_(nvme_params),
       max_live_(static_cast<std::uint64_t>(std::max<std::int64_t>(wiring.config.zero.max_live_parameters, 0))),
-      offloaded_(param_shards.kind != MemoryKind::device),
+      offloaded_(nvme_params != nullptr || param_shards.kind != MemoryKind::device),
       gathered_(wiring.layout.units.size()),
       frees_(wiring.events),
       schedule_(wiring.layout, wiring.config.zero, wiring.single_rank_in_place && !offloaded_, wiring.stats, *this) {
@@ -43,8 +45,8 @@ void GatherCoordinator::copy_persistent_group(std::size_t unit, Group g) {
   const GroupLayout& gl = ul.group(g);
   if (gl.shard == 0) return;
   const std::uint64_t copy = timeline_.begin(comm_stream_, Timeline::Lane::h2d);
-  device_.copy_async(persistent_copies_[unit].view().slice(ul.gathered_offset(g), gl.shard),
-                     param_shards_.slice(gl.flat_offset, gl.shard), comm_stream_);
+  device_.copy_async(persistent_copies_[unit].view().slice(ul.gathered_offset(g), gl.shard), host_shard(unit, g),
+                     comm_stream_);
   timeline_.end(comm_stream_, copy);
   timeline_.add_bytes(Timeline::Lane::h2d, gl.shard * size_of(dtype_));
 }
@@ -85,7 +87,7 @@ void GatherCoordinator::gather(std::size_t unit, bool /*prefetched*/) {
       // host-to-device copy is part of the (prefetched) gather and never a separate blocking step.
       const BufferView own = full.slice(static_cast<std::size_t>(comm_.rank()) * gl.shard, gl.shard);
       const std::uint64_t copy = timeline_.begin(comm_stream_, Timeline::Lane::h2d);
-      device_.copy_async(own, param_shards_.slice(gl.flat_offset, gl.shard), comm_stream_);
+      device_.copy_async(own, host_shard(unit, g), comm_stream_);
       timeline_.end(comm_stream_, copy);
       timeline_.add_bytes(Timeline::Lane::h2d, own.size_bytes());
       comm_.all_gather(own, full, comm_stream_);
@@ -94,6 +96,17 @@ void GatherCoordinator::gather(std::size_t unit, bool /*prefetched*/) {
     }
   }
   comm_stream_.record(*s.ready);
+  if (nvme_params_ != nullptr) {
+    // The shards' buffer is busy until the copies pass; the disk meanwhile reads the units that come next.
+    nvme_params_->copied(unit, comm_stream_);
+    nvme_params_->read_ahead(schedule_.gathers_ahead(nvme_params_->buffer_count()));
+  }
+}
+
+ConstBufferView GatherCoordinator::host_shard(std::size_t unit, Group g) {
+  if (nvme_params_ != nullptr) return nvme_params_->shard(unit, g);
+  const GroupLayout& gl = layout_.units[unit].group(g);
+  return param_shards_.slice(gl.flat_offset, gl.shard);
 }
 
 void GatherCoordinator::join(std::size_t unit) {

@@ -2,7 +2,9 @@
 // device and the communicator. A gather allocates the unit's full buffer and all-gathers its shards into
 // it on the comm stream, recording an event the compute stream waits on at the unit's first use; a freed
 // unit's buffer goes back once the last stream that used it has passed it. In host memory (offload_param)
-// each gather first copies the rank's shard to the device, and persistent units keep a device copy. At
+// each gather first copies the rank's shard to the device, and persistent units keep a device copy; on NVMe
+// (nvme_params.hpp) the shard comes from the params' read buffers, and each gather queues the disk reads of
+// the units the trace says come next. At
 // world size 1 with the shards on the device (Wiring::single_rank_in_place) every unit is used from its
 // shard in place, as persistent units always are: nothing is gathered, traced or prefetched.
 // Engine thread only; all-gathers go on the comm stream, joins are stream waits on events.
@@ -24,10 +26,13 @@
 
 namespace zero3::engine {
 
+class NvmeParams;  // nvme_params.hpp
+
 class GatherCoordinator final : private GatherActions {
  public:
-  // `param_shards`: the rank's flat param-shard buffer (layout.param_shard_count elements).
-  GatherCoordinator(const Wiring& wiring, BufferView param_shards);
+  // `param_shards`: the rank's flat param-shard buffer (layout.param_shard_count elements), or, with
+  // `nvme_params`, none.
+  GatherCoordinator(const Wiring& wiring, BufferView param_shards, NvmeParams* nvme_params = nullptr);
 
   // Work enqueued on the compute stream after this call sees the unit's full params. Non-blocking, except
   // that a new gathered buffer may first wait for released ones to be freed (to respect the live budget).
@@ -60,6 +65,8 @@ class GatherCoordinator final : private GatherActions {
   void free(std::size_t unit, bool joined) override;
 
   void copy_persistent_group(std::size_t unit, Group g);
+  // Offloaded: the rank's shard of the unit's group in host memory.
+  ConstBufferView host_shard(std::size_t unit, Group g);
 
   const Layout& layout_;
   Device& device_;
@@ -71,6 +78,7 @@ class GatherCoordinator final : private GatherActions {
   Timeline& timeline_;
   const comm::LoopProgress& progress_;
   BufferView param_shards_;
+  NvmeParams* nvme_params_;
   std::uint64_t max_live_;
 
   bool offloaded_ = false;                 // param_shards_ in host memory

@@ -108,6 +108,17 @@ void GatherSchedule::prefetch() {
   }
 }
 
+std::vector<std::size_t> GatherSchedule::gathers_ahead(std::size_t count) const {
+  std::vector<std::size_t> out;
+  if (recording_ || !traced_) return out;
+  for (std::size_t p = pos_; p < trace_.size() && out.size() < count; ++p) {
+    const std::size_t unit = trace_[p];
+    if (units_[unit].state != State::released || std::find(out.begin(), out.end(), unit) != out.end()) continue;
+    out.push_back(unit);
+  }
+  return out;
+}
+
 bool GatherSchedule::keep_for_reuse(std::size_t unit) const {
   if (recording_ || !traced_ || max_reuse_ == 0) return false;
   const std::size_t k = units_[unit].last_pos;

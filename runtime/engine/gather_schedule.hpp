@@ -50,6 +50,9 @@ class GatherSchedule {
   // freed at once (Engine::untraced()).
   void set_traced(bool traced) { traced_ = traced; }
   bool traced() const { return traced_; }
+  // The units the next acquires will gather, in trace order, at most `count` and each once (empty while the
+  // trace is recorded or outside it): what a slower store of the shards should fetch ahead (nvme_params.hpp).
+  std::vector<std::size_t> gathers_ahead(std::size_t count) const;
   // The unit's full params are this rank's shard (persistent units; every unit in place).
   bool whole_here(std::size_t unit) const { return whole_here_all_ || layout_.units[unit].persistent; }
 

@@ -120,10 +120,9 @@ void init_values(const ParamSpec& param, std::uint64_t seed, std::uint64_t first
 }
 
 void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device, Stream& stream,
-                       const std::function<void(std::size_t, ConstBufferView)>& write_master, BufferView params,
+                       const std::function<void(std::size_t, ConstBufferView)>& write_master, DType param_dtype,
+                       const std::function<void(std::size_t, ConstBufferView)>& write_params,
                        std::vector<std::uint64_t>& value_hashes) {
-  ZERO3_CHECK(params.count == layout.param_shard_count,
-              "initialize_shards: param buffer size does not match the layout");
   std::vector<Fnv> hashes(layout.params.size());
   // Values are made in host staging (pinned where the device needs it for async copies), rounded to the
   // compute dtype there too (the same RNE the cast kernels use), and copied to wherever master and params
@@ -131,11 +130,11 @@ void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device,
   const MemoryKind staging_kind = device.caps().host_staging;
   const std::size_t chunk = std::min(kInitChunkElems, layout.param_shard_count);
   Buffer host = device.allocate(chunk, DType::f32, staging_kind, MemCategory::staging);
-  Buffer rounded = device.allocate(chunk, params.dtype, staging_kind, MemCategory::staging);
+  Buffer rounded = device.allocate(chunk, param_dtype, staging_kind, MemCategory::staging);
   const auto round_into_params = [&](std::size_t at, std::size_t n) {
     const float* v = host.view().as<float>();
     for (std::size_t i = 0; i < n; ++i) store_from_float(rounded.data(), rounded.dtype(), i, v[i]);
-    device.copy_async(params.slice(at, n), rounded.cview().slice(0, n), stream);
+    write_params(at, rounded.cview().slice(0, n));
   };
 
   // Trainable slices into the master (its flat layout is the first state_count elements of the param

@@ -27,12 +27,14 @@ void init_values(const ParamSpec& param, std::uint64_t seed, std::uint64_t first
 inline constexpr std::size_t kInitChunkElems = std::size_t{1} << 20;
 
 // Fills this rank's slices: the master (fp32, layout.state_count elements, written through write_master(offset,
-// values), which may enqueue on `stream`) gets the trainable values, params (compute dtype,
-// layout.param_shard_count) their rounded copy, and frozen slices go straight to params. Padding is 0. Enqueues
-// on `stream` and synchronizes it. value_hashes[p] gets a hash of the fp32 values of param p
+// values), which may enqueue on `stream`) gets the trainable values, the params (param_dtype,
+// layout.param_shard_count elements, written through write_params(offset, values), which may enqueue on
+// `stream`) their rounded copy, and frozen slices go straight to the params. Padding is 0. Enqueues on
+// `stream` and synchronizes it. value_hashes[p] gets a hash of the fp32 values of param p
 // when its unit is persistent (every rank holds all of them), 0 otherwise.
 void initialize_shards(const Layout& layout, std::uint64_t seed, Device& device, Stream& stream,
-                       const std::function<void(std::size_t, ConstBufferView)>& write_master, BufferView params,
+                       const std::function<void(std::size_t, ConstBufferView)>& write_master, DType param_dtype,
+                       const std::function<void(std::size_t, ConstBufferView)>& write_params,
                        std::vector<std::uint64_t>& value_hashes);
 
 // Collective over `bootstrap`: all-gathers a fingerprint of every unit (name, persistence, group sizes) and

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "nvme_params.hpp"
 #include "offload_common.hpp"
 #include "state_pieces.hpp"
 #include "swap_file.hpp"
@@ -27,11 +28,12 @@ using config::OptimizerType;
 using offload::AioQueue;
 
 // Elements per step slice: sub_group_size (DeepSpeed's unit of swapping) rounded up to whole blocks of the
-// narrowest stored dtype (so every tensor's slice starts a block in its file), at most kNvmeSliceElems, and no
-// more than the state rounded up to whole blocks.
+// narrowest stored dtype, 16-bit params on NVMe included (so every tensor's slice starts a block in its file), at most
+// kNvmeSliceElems, and no more than the state rounded up to whole blocks.
 std::size_t slice_elems(const config::Config& config, std::size_t count) {
   const StateStorage storage = StateStorage::of(config);
-  const std::size_t narrowest = std::min({sizeof(float), size_of(storage.master), size_of(storage.state)});
+  std::size_t narrowest = std::min({sizeof(float), size_of(storage.master), size_of(storage.state)});
+  if (config.zero.offload_param.device == config::OffloadDevice::nvme) narrowest = std::min<std::size_t>(narrowest, 2);
   const std::size_t block = offload::kDirectAlign / narrowest;
   const auto blocks = [block](std::size_t n) { return std::max<std::size_t>(1, (n + block - 1) / block) * block; };
   return std::min({kNvmeSliceElems, blocks(sub_group_elems(config, count)), blocks(count)});
@@ -58,17 +60,6 @@ std::size_t ring_size(const config::Config& config) {
   return std::max(stages, by_count);
 }
 
-offload::AioOptions aio_options(const config::Config& config) {
-  const config::AioConfig& a = config.aio;
-  offload::AioOptions o;
-  o.block_size = static_cast<std::size_t>(a.block_size);
-  o.queue_depth = static_cast<int>(a.queue_depth);
-  o.intra_op_parallelism = static_cast<int>(a.intra_op_parallelism);
-  o.single_submit = a.single_submit;
-  o.overlap_events = a.overlap_events;
-  return o;
-}
-
 // A gradient piece of the current window, keyed by its first element.
 struct Arrival {
   std::size_t count = 0;
@@ -85,7 +76,8 @@ struct SliceBuffers {
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   float* grad = nullptr;
-  Buffer params;  // the new compute-dtype params on their way to the device
+  Buffer params;                        // the new compute-dtype params on their way to the device or the params' file
+  std::byte* params_aligned = nullptr;  // in `params`, on a block boundary (for the params' file)
   std::unique_ptr<Event> copied;
   bool copy_pending = false;
   std::optional<AioQueue::Ticket> read;
@@ -103,6 +95,7 @@ class NvmeShardOptimizer final : public ShardOptimizer {
         comm_dtype_(options.comm_dtype),
         compute_dtype_(options.compute_dtype),
         params_on_device_(options.params_on_device),
+        nvme_params_(options.nvme_params),
         storage_(StateStorage::of(config)),
         pipeline_read_(config.zero.offload_optimizer.pipeline_read),
         pipeline_write_(config.zero.offload_optimizer.pipeline_write),
@@ -115,8 +108,8 @@ class NvmeShardOptimizer final : public ShardOptimizer {
         bounds_(host_chunk_bounds(config, 0, layout.state_count)),
         rank_(world.rank),
         dir_(*config.zero.offload_optimizer.nvme_path, world.rank),
-        io_(aio_options(config)),
-        worker_io_(aio_options(config)) {
+        io_(nvme_aio_options(config)),
+        worker_io_(nvme_aio_options(config)) {
     (void)stream;
     if (count_ == 0) return;
     const auto file = [&](std::string_view name, DType dtype) {
@@ -150,6 +143,12 @@ class NvmeShardOptimizer final : public ShardOptimizer {
       if (has_m_) b.exp_avg = carve(storage_.state);
       if (has_v_) b.exp_avg_sq = carve(storage_.state);
       if (params_on_device_) b.params = allocate(slice_, compute_dtype_, MemCategory::staging);
+      if (nvme_params_ != nullptr) {
+        const std::size_t param_bytes = slice_ * size_of(compute_dtype_) + offload::kDirectAlign;
+        b.params = allocate((param_bytes + sizeof(float) - 1) / sizeof(float), DType::f32, MemCategory::staging);
+        const auto at = reinterpret_cast<std::uintptr_t>(b.params.data());
+        b.params_aligned = static_cast<std::byte*>(b.params.data()) + (offload::direct_align_up(at) - at);
+      }
       b.copied = device.create_event();
       ring_.push_back(std::move(b));
     }
@@ -247,9 +246,13 @@ class NvmeShardOptimizer final : public ShardOptimizer {
         io_.wait(*b.read);
         b.read.reset();
       }
-      void* out =
-          params_on_device_ ? b.params.data() : static_cast<std::byte*>(params.data) + first * size_of(params.dtype);
+      void* out = nvme_params_ != nullptr ? b.params_aligned
+                  : params_on_device_     ? b.params.data()
+                                          : static_cast<std::byte*>(params.data) + first * size_of(params.dtype);
       step_slice(args, b, first, n, out, stream_params);
+      if (nvme_params_ != nullptr) {
+        if (const auto written = nvme_params_->write_blocks(io_, first, n, b.params_aligned)) b.write = written;
+      }
       b.write = master_->write_blocks(io_, first, n, b.master);
       if (has_m_) b.write = exp_avg_->write_blocks(io_, first, n, b.exp_avg);
       if (has_v_) b.write = exp_avg_sq_->write_blocks(io_, first, n, b.exp_avg_sq);
@@ -526,6 +529,7 @@ class NvmeShardOptimizer final : public ShardOptimizer {
   DType comm_dtype_;
   DType compute_dtype_;
   bool params_on_device_;
+  NvmeParams* nvme_params_;
   StateStorage storage_;
   bool pipeline_read_;
   bool pipeline_write_;
@@ -563,6 +567,17 @@ class NvmeShardOptimizer final : public ShardOptimizer {
 
 }  // namespace
 
+offload::AioOptions nvme_aio_options(const config::Config& config) {
+  const config::AioConfig& a = config.aio;
+  offload::AioOptions o;
+  o.block_size = static_cast<std::size_t>(a.block_size);
+  o.queue_depth = static_cast<int>(a.queue_depth);
+  o.intra_op_parallelism = static_cast<int>(a.intra_op_parallelism);
+  o.single_submit = a.single_submit;
+  o.overlap_events = a.overlap_events;
+  return o;
+}
+
 MemoryTable nvme_optimizer_memory(const config::Config& config, const Layout& layout, const OffloadOptions& options,
                                   DeviceKind device) {
   MemoryTable t;
@@ -574,6 +589,9 @@ MemoryTable nvme_optimizer_memory(const config::Config& config, const Layout& la
   const std::uint64_t bytes = slice * slice_elem_bytes(config) + offload::kDirectAlign;
   t.at(kind, MemCategory::optim_state) += ring * ((bytes + sizeof(float) - 1) / sizeof(float) * sizeof(float));
   if (options.params_on_device) t.at(kind, MemCategory::staging) += ring * slice * size_of(options.compute_dtype);
+  if (config.zero.offload_param.device == config::OffloadDevice::nvme) {
+    t.at(kind, MemCategory::staging) += ring * (slice * size_of(options.compute_dtype) + offload::kDirectAlign);
+  }
   const std::uint64_t slot = staging_slot_elems(layout);
   t.at(kind, MemCategory::staging) += kSlots * slot * size_of(options.comm_dtype);
   // The worker's sum and log buffers, and two bounce buffers (pageable).

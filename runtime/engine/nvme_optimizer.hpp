@@ -32,11 +32,15 @@
 #include "zero3/config/config.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/engine/memory_plan.hpp"
+#include "zero3/offload/aio.hpp"
 
 namespace zero3::engine {
 
 // The largest step slice, in elements (a multiple of the O_DIRECT block in every stored dtype).
 inline constexpr std::size_t kNvmeSliceElems = std::size_t{1} << 22;
+
+// The aio block's settings (zero3/offload/aio.hpp) for the queues of NVMe offload.
+offload::AioOptions nvme_aio_options(const config::Config& config);
 
 // Host memory the NVMe optimizer allocates (slice ring, gradient staging, the worker's buffers), per kind
 // and category; empty unless offload_optimizer.device is nvme.

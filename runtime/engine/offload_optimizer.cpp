@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "nvme_optimizer.hpp"
+#include "nvme_params.hpp"
 #include "offload_common.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
@@ -55,6 +56,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
         comm_dtype_(options.comm_dtype),
         compute_dtype_(options.compute_dtype),
         params_on_device_(options.params_on_device),
+        nvme_params_(options.nvme_params),
         storage_(StateStorage::of(config)),
         count_(layout.state_count),
         sharded_count_(layout.sharded_state_count),
@@ -102,6 +104,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
       });
       host_scalars_ = device.allocate(2, DType::f32, device.caps().host_staging, MemCategory::staging);
       device_scalars_ = device.allocate(2, DType::f32, MemoryKind::device, MemCategory::workspace);
+      if (nvme_params_ != nullptr) nvme_staging_.resize(std::min(kPipelineElems, count_) * size_of(compute_dtype_));
     }
     build_pieces(has_m, has_v);
   }
@@ -116,6 +119,9 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   const StatePieces& pieces(TensorKind kind) const override { return tensors_.get(kind); }
 
   void set_final_micro_step(bool final) override { final_ = final; }
+
+  // Writing the new params to their file (offload_param nvme) may fail on this rank alone.
+  bool step_may_fail_locally() const override { return nvme_params_ != nullptr; }
 
   void prepare_read() override {
     if (chunks_.empty()) return;
@@ -195,10 +201,10 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     for (const HostChunk& c : chunks_) host_elems += c.count;
     const bool stream_params = host_elems * size_of(compute_dtype_) >= offload::kStreamParamMinBytes;
     for (HostChunk& c : chunks_) {
-      void* out = nullptr;
+      std::byte* out = nullptr;
       if (params_on_device_) {
-        out = c.params.data();
-      } else {
+        out = static_cast<std::byte*>(c.params.data());
+      } else if (nvme_params_ == nullptr) {
         out = static_cast<std::byte*>(params.data) + c.offset * size_of(params.dtype);
       }
       // Slices of at most kPipelineElems: each slice's params go to the device on the comm stream while the
@@ -217,10 +223,15 @@ class OffloadShardOptimizer final : public ShardOptimizer {
             const std::size_t sb = std::max(tb, seg->offset);
             const std::size_t se = std::min(te, seg->offset + seg->count);
             if (sb >= se) continue;
-            step_range(simd, args, *seg, c, sb - c.offset, se - sb, out, stream_params);
+            // Params on NVMe: the slice's new params are made in the staging buffer, then written to the file.
+            void* param = nvme_params_ != nullptr
+                              ? nvme_staging_.data() + (sb - c.offset - s0) * size_of(compute_dtype_)
+                              : out + (sb - c.offset) * size_of(compute_dtype_);
+            step_range(simd, args, *seg, c, sb - c.offset, se - sb, param, stream_params);
           }
         });
         timeline_.host(Timeline::Lane::cpu, start, Timeline::Clock::now());
+        if (nvme_params_ != nullptr) nvme_params_->write(c.offset + s0, n, nvme_staging_.data());
         if (params_on_device_) {
           const std::uint64_t copy = timeline_.begin(stream, Timeline::Lane::h2d);
           device_.copy_async(params.slice(c.offset + s0, n), c.params.cview().slice(s0, n), stream);
@@ -312,7 +323,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   }
 
   void step_range(offload::SimdPath simd, const OptimizerStepArgs& args, const StateSegment& seg, HostChunk& c,
-                  std::size_t local, std::size_t n, void* params_base, bool stream_params) {
+                  std::size_t local, std::size_t n, void* param, bool stream_params) {
     const auto at = [local](const Buffer& b) -> void* {
       return b.empty() ? nullptr : static_cast<std::byte*>(b.data()) + local * size_of(b.dtype());
     };
@@ -324,7 +335,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
     span.state_dtype = storage_.state;
     span.grad = c.acc.view().as<float>() + local;
     span.grad_dtype = DType::f32;
-    span.param = static_cast<std::byte*>(params_base) + local * size_of(compute_dtype_);  // the chunk's params
+    span.param = param;
     span.param_dtype = compute_dtype_;
     span.count = n;
     span.stream_param = stream_params;
@@ -338,6 +349,8 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   DType comm_dtype_;
   DType compute_dtype_;
   bool params_on_device_;
+  NvmeParams* nvme_params_;
+  std::vector<std::byte> nvme_staging_;  // params on NVMe: one slice's new params (kPipelineElems)
   StateStorage storage_;
   std::size_t count_;
   std::size_t sharded_count_;
@@ -439,6 +452,10 @@ MemoryTable offload_optimizer_memory(const config::Config& config, const Layout&
   t.at(kind, MemCategory::grad_shard) += 4 * host;
   t.at(kind, MemCategory::optim_state) += state_bytes * states * host;
   if (options.params_on_device) t.at(kind, MemCategory::staging) += host * size_of(options.compute_dtype);
+  if (config.zero.offload_param.device == config::OffloadDevice::nvme) {
+    t.at(MemoryKind::pageable_host, MemCategory::staging) +=
+        std::min<std::uint64_t>(kPipelineElems, host) * size_of(options.compute_dtype);
+  }
   t.at(kind, MemCategory::staging) += kSlots * staging_slot_elems(layout) * size_of(options.comm_dtype);
   t.at(device_caps(device).host_staging, MemCategory::staging) += 2 * sizeof(float);
   t.at(MemoryKind::device, MemCategory::workspace) += 2 * sizeof(float);
@@ -453,6 +470,7 @@ HostFootprint offload_footprint(const config::Config& config, const Layout& layo
     t.at(param.pin_memory ? MemoryKind::pinned_host : MemoryKind::pageable_host, MemCategory::param_shard) +=
         std::uint64_t{layout.param_shard_count} * size_of(options.compute_dtype);
   }
+  t += nvme_params_memory(config, layout, options.compute_dtype);
   return {.pinned_bytes = t.total(MemoryKind::pinned_host), .pageable_bytes = t.total(MemoryKind::pageable_host)};
 }
 

@@ -53,6 +53,8 @@ class OffloadHost {
   offload::SimdPath simd_ = offload::SimdPath::scalar;
 };
 
+class NvmeParams;  // nvme_params.hpp
+
 // The host region of the state order: [cut, state_count) goes to the CPU.
 std::size_t offload_cut(const config::Config& config, std::size_t state_count);
 
@@ -62,8 +64,10 @@ struct OffloadOptions {
   DType compute_dtype = DType::f32;  // the param shards the step writes
   DType comm_dtype = DType::f32;     // the reduced gradient pieces that arrive for accumulation
   // Whether the param shards are device memory (new params copied host-to-device per chunk) or host memory
-  // (offload_param: written in place).
+  // (offload_param cpu: written in place).
   bool params_on_device = true;
+  // offload_param nvme: the file the new params are written to, per slice (params_on_device is false).
+  NvmeParams* nvme_params = nullptr;
 };
 
 // What the offloaded optimizer allocates, per memory kind and category: the host chunks (master,

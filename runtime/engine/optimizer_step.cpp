@@ -278,7 +278,8 @@ void ShardOptimizer::zero_moments(Stream& stream) {
 }
 
 void OptimizerStep::step_everywhere(const OptimizerStepArgs& args, std::int64_t step) {
-  const BufferView params = params_.slice(0, layout_.state_count);
+  // Params on NVMe: none in memory (the optimizer writes them to their file).
+  const BufferView params = params_.data == nullptr ? BufferView{} : params_.slice(0, layout_.state_count);
   if (!optimizer_->step_may_fail_locally()) {
     optimizer_->step(stream_, args, params);
     return;

@@ -172,4 +172,15 @@ offload::AioQueue::Ticket SwapFile::write_blocks(offload::AioQueue& queue, std::
   return queue.write(file_, b, buffer, offload::direct_align_up(std::uint64_t{n} * size_of(dtype_)));
 }
 
+std::size_t SwapFile::span_bytes(std::size_t first, std::size_t n) const {
+  const std::uint64_t b = std::uint64_t{first} * size_of(dtype_);
+  return offload::direct_align_up(b + std::uint64_t{n} * size_of(dtype_)) - align_down(b);
+}
+
+offload::AioQueue::Ticket SwapFile::read_span(offload::AioQueue& queue, std::size_t first, std::size_t n,
+                                              void* buffer) const {
+  ZERO3_CHECK(first + n <= count_, fmt::format("SwapFile::read_span past the end of {}", path()));
+  return queue.read(file_, align_down(std::uint64_t{first} * size_of(dtype_)), buffer, span_bytes(first, n));
+}
+
 }  // namespace zero3::engine

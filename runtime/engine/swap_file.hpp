@@ -61,6 +61,12 @@ class SwapFile {
   offload::AioQueue::Ticket write_blocks(offload::AioQueue& queue, std::size_t first, std::size_t n,
                                          const void* buffer);
 
+  // Asynchronous, any elements: the whole blocks covering [first, first + n) into `buffer` (aligned, holding
+  // span_bytes(first, n)); element `first` lands at byte span_skip(first) of it.
+  offload::AioQueue::Ticket read_span(offload::AioQueue& queue, std::size_t first, std::size_t n, void* buffer) const;
+  std::size_t span_bytes(std::size_t first, std::size_t n) const;
+  std::size_t span_skip(std::size_t first) const { return first * size_of(dtype_) % offload::kDirectAlign; }
+
   // The bounce buffer's largest span per transfer.
   static constexpr std::size_t kBounceBytes = std::size_t{16} << 20;
 

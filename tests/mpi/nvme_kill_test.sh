@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NVMe offload of the optimizer under kill -9 (docs/offload.md, "When a rank dies"):
+# NVMe offload of the optimizer and the params under kill -9 (docs/offload.md, "When a rank dies"):
 #   1. mid-update: a 2-rank job saving at every step; rank 1 kills itself (SIGKILL) in the middle of step 4's
 #      update, once the first slice's new state is on its way to the files (ZERO3_FAULT=kill_in_update). The
 #      job ends, non-zero, within the time limit; the dead rank's directory is left under nvme_path (and the
@@ -51,6 +51,9 @@ c.pop("gradient_accumulation_steps", None)
 c["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": sys.argv[3], "pipeline_read": True,
                                                "pipeline_write": True}
 c["zero_optimization"]["sub_group_size"] = 4096  # many slices: the kill lands with most of the update to do
+# The params on NVMe too, every sharded unit in the file: the update writes them as well.
+c["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": sys.argv[3], "max_in_cpu": 0,
+                                           "buffer_count": 2}
 json.dump(c, open(sys.argv[2], "w"))
 PY
 
@@ -72,7 +75,8 @@ wait_ranks_gone
 latest="$(cat "$d/split/latest" 2>/dev/null)"
 [[ "$latest" =~ ^global_step[123]$ ]] || fail "killed run: latest is '$latest', not a save of steps 1 to 3"
 orphans=$(leftovers "$nvme" | grep -c 'rank1$')
-[[ "$orphans" -eq 1 ]] || fail "killed run: expected the dead rank 1's directory under nvme_path, found: $(leftovers "$nvme")"
+[[ "$orphans" -eq 2 ]] ||
+  fail "killed run: expected the dead rank 1's two directories (optimizer, params) under nvme_path, found: $(leftovers "$nvme")"
 echo "killed in step 4's update: exit $code after ${elapsed} s; left under nvme_path: $(leftovers "$nvme" | tr '\n' ' ')"
 left="$(leftovers "$nvme")"
 run --config "$tmp/nvme.json" --steps 8 --save-dir "$d/split" --resume latest >"$d/resumed.out" 2>&1 ||

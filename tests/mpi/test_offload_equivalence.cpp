@@ -321,6 +321,11 @@ TEST_CASE("NVMe offload equals CPU offload bitwise", "[offload][nvme]") {
     return fmt::format(R"("offload_optimizer": {{"device": "nvme", "nvme_path": "{}"{}}})", dir, extra);
   };
   const std::string cpu = R"("offload_optimizer": {"device": "cpu"})";
+  const auto params_on_nvme = [&](int max_in_cpu, int buffers) {
+    return fmt::format(
+        R"(, "offload_param": {{"device": "nvme", "nvme_path": "{}", "max_in_cpu": {}, "buffer_count": {}}})", dir,
+        max_in_cpu, buffers);
+  };
   const std::string pipelined = R"(, "pipeline_read": true, "pipeline_write": true)";
   std::vector<Case> cases = {
       {"nvme fp32, pipelined", nvme(pipelined), "", cpu},
@@ -334,7 +339,24 @@ TEST_CASE("NVMe offload equals CPU offload bitwise", "[offload][nvme]") {
        R"("sub_group_size": 1000, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})"},
       {"nvme fp16 + offload_param", nvme(pipelined) + R"(, "offload_param": {"device": "cpu"})",
        R"("fp16": {"enabled": true, "initial_scale_power": 8})", cpu + R"(, "offload_param": {"device": "cpu"})"},
+      // Params on NVMe: every unit but the persistent ones read from the file at each gather (max_in_cpu 0),
+      // through 2 read buffers, so buffers are reused within a pass and the trace's read-ahead runs out.
+      {"nvme params + nvme optimizer bf16, 2 read buffers", nvme(pipelined) + params_on_nvme(0, 2),
+       R"("bf16": {"enabled": true})", cpu + R"(, "offload_param": {"device": "cpu"})"},
+      {"nvme params + cpu optimizer fp32", cpu + params_on_nvme(0, 5), "",
+       cpu + R"(, "offload_param": {"device": "cpu"})"},
+      // max_in_cpu 1100: at 2 ranks the first of the two sharded units is kept in host memory, the second
+      // read from the file; slices of 2048 elements that end inside units.
+      {"nvme params (some kept) + nvme optimizer fp16, slices of 2048",
+       R"("sub_group_size": 1000, )" + nvme(pipelined) + params_on_nvme(1100, 3),
+       R"("fp16": {"enabled": true, "initial_scale_power": 8})",
+       R"("sub_group_size": 1000, )" + cpu + R"(, "offload_param": {"device": "cpu"})"},
   };
+  Case params_accumulation{"nvme params + nvme optimizer, gradient accumulation 3",
+                           nvme(pipelined) + params_on_nvme(0, 2), R"("bf16": {"enabled": true})",
+                           cpu + R"(, "offload_param": {"device": "cpu"})"};
+  params_accumulation.gas = 3;
+  cases.push_back(params_accumulation);
   Case accumulation{"nvme AdamW, gradient accumulation 3, 4 KiB requests",
                     R"("sub_group_size": 3000, )" + nvme(pipelined), R"("bf16": {"enabled": true})",
                     R"("sub_group_size": 3000, )" + cpu};
@@ -355,18 +377,28 @@ TEST_CASE("NVMe offload equals CPU offload bitwise", "[offload][nvme]") {
 
 namespace {
 
-// The offloaded side of an NVMe case whose nvme_path is `dir`.
-config::Config nvme_config(const std::string& dir) {
-  Case c{"nvme", fmt::format(R"("offload_optimizer": {{"device": "nvme", "nvme_path": "{}"}})", dir), ""};
+// The offloaded side of an NVMe case whose nvme_path is `dir`; `params` (offload_param's keys after device and
+// nvme_path): the params on NVMe too, under test::nvme_test_directory() (and the optimizer's files under `dir`
+// unless params_at_dir, in which case the params' are there and the optimizer's under the test directory).
+config::Config nvme_config(const std::string& dir, const std::string& params = "", bool params_at_dir = false) {
+  const std::string root = test::nvme_test_directory();
+  std::string zero =
+      fmt::format(R"("offload_optimizer": {{"device": "nvme", "nvme_path": "{}"}})", params_at_dir ? root : dir);
+  if (!params.empty() || params_at_dir) {
+    zero += fmt::format(R"(, "offload_param": {{"device": "nvme", "nvme_path": "{}"{}}})", params_at_dir ? dir : root,
+                        params);
+  }
+  Case c{"nvme", zero, ""};
   return text_for(c, true).parse();
 }
 
 // finalize() of an NVMe job with nvme_path `dir` throws ConfigError containing every part.
-void check_refused(const std::string& dir, std::initializer_list<std::string> parts) {
+void check_refused(const std::string& dir, std::initializer_list<std::string> parts, const std::string& params = "",
+                   bool params_at_dir = false) {
   const model::ModelConfig mc = transformer();
   bool threw = false;
   try {
-    EngineTrainer e(nvme_config(dir), mc, model::model_units(mc));
+    EngineTrainer e(nvme_config(dir, params, params_at_dir), mc, model::model_units(mc));
   } catch (const ConfigError& err) {
     threw = true;
     INFO(err.what());
@@ -411,6 +443,14 @@ TEST_CASE("NVMe offload: a path that cannot hold the state is refused before tra
   const std::string file = fmt::format("{}/a-file-rank{}", root, world_rank());
   std::fclose(std::fopen(file.c_str(), "w"));
   check_refused(file, {key, "not a directory"});
+  // offload_param's own path, and its buffers.
+  const std::string param_key = "zero_optimization.offload_param.nvme_path";
+  check_refused(root + "/missing", {param_key, root + "/missing", "does not exist"}, "", true);
+  check_refused(file, {param_key, "not a directory"}, "", true);
+  check_refused(root, {"zero_optimization.offload_param.buffer_size", "use at least"},
+                R"(, "max_in_cpu": 0, "buffer_size": 10)");
+  check_refused(root, {"zero_optimization.offload_param.buffer_count", "at least 1"},
+                R"(, "max_in_cpu": 0, "buffer_count": 0)");
   std::filesystem::remove(file);
   // A real disk too small: a 64 KiB tmpfs for the ranks' files (about 74 KiB each).
   const std::string small = fmt::format("{}/small-{}", root, comm::broadcast_value(*env().bootstrap, ::getpid(), 0));

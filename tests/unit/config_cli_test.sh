@@ -76,7 +76,7 @@ env -u OMPI_COMM_WORLD_SIZE WORLD_SIZE=two "$zero3" config check "$ok" >"$tmp/ou
 expect_stderr "$ok" "error: WORLD_SIZE:"
 
 # --quiet drops notes and warnings but keeps not-implemented lines.
-check 1 "$fixtures/exit1/nvme_offload.json" --world-size 2 --quiet
+check 1 "$fixtures/exit1/nvme_params_optimizer_on_device.json" --world-size 2 --quiet
 grep -q '^note:' "$tmp/err" && fail "--quiet still printed notes"
 expect_stderr quiet "not implemented: zero_optimization.offload_param.device"
 

@@ -288,6 +288,7 @@ TEST_CASE("not implemented: reported only when a feature is switched on", "[conf
     const char* path;
   };
   const On on[] = {
+      // NVMe offload of params with the optimizer on the device
       {R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}})",
        "zero_optimization.offload_param.device"},
       {R"("zero_optimization": {"stage": 3, "zero_quantized_weights": true})",

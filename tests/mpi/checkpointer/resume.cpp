@@ -206,6 +206,18 @@ std::vector<ResumeCase> resume_cases() {
     cases.push_back(c);
   }
   {
+    // Frozen params sit after the trainable ones in the params' file: the step's last slice ends inside a
+    // block whose rest is theirs.
+    ResumeCase c;
+    c.name = "bf16, offload_param nvme + offload_optimizer nvme, frozen params";
+    c.frozen = true;
+    c.text.precision = R"("bf16": {"enabled": true})";
+    c.text.zero += R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + test::nvme_test_directory() +
+                   R"(", "pipeline_read": true, "pipeline_write": true}, "offload_param": {"device": "nvme", )" +
+                   R"("nvme_path": ")" + test::nvme_test_directory() + R"(", "max_in_cpu": 0, "buffer_count": 2})";
+    cases.push_back(c);
+  }
+  {
     ResumeCase c;
     c.name = "bf16, offload_param + offload_optimizer, frozen params";
     c.frozen = true;
