@@ -17,6 +17,7 @@
 #include "init.hpp"
 #include "layout.hpp"
 #include "nvme_optimizer.hpp"
+#include "nvme_params.hpp"
 #include "offload_common.hpp"
 #include "offload_optimizer.hpp"
 #include "optimizer_step.hpp"
@@ -114,7 +115,8 @@ class Planner {
         dtype_(config.model_dtype()),
         comm_dtype_(config.communication_data_type),
         caps_(device_caps(options.device)),
-        offload_params_(config.zero.offload_param.device == config::OffloadDevice::cpu),
+        offload_params_(config.zero.offload_param.device != config::OffloadDevice::none),
+        nvme_params_(config.zero.offload_param.device == config::OffloadDevice::nvme),
         offload_optimizer_(config.zero.offload_optimizer.device != config::OffloadDevice::none),
         single_rank_(config.zero3.single_rank_in_place && world_ == 1),
         staging_kind_(caps_.host_staging) {
@@ -169,8 +171,22 @@ class Planner {
       add(MemoryKind::device, MemCategory::param_shard, bytes, what);
       return;
     }
-    add(config_.zero.offload_param.pin_memory ? MemoryKind::pinned_host : MemoryKind::pageable_host,
-        MemCategory::param_shard, bytes, what + " (offload_param)");
+    if (nvme_params_) {
+      const MemoryTable t = engine::nvme_params_memory(config_, layout_, dtype_);
+      const std::size_t kept = engine::nvme_params_kept_elems(config_, layout_);
+      for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+        const auto kind = static_cast<MemoryKind>(k);
+        add(kind, MemCategory::param_shard, t.at(kind, MemCategory::param_shard),
+            fmt::format("the param shards kept in host memory (offload_param nvme: persistent units, then "
+                        "max_in_cpu): {} of {} elements",
+                        kept, layout_.param_shard_count));
+        add(kind, MemCategory::staging, t.at(kind, MemCategory::staging),
+            "offload_param nvme: the read buffers of gathered units' shards and the file's bounce buffer");
+      }
+    } else {
+      add(config_.zero.offload_param.pin_memory ? MemoryKind::pinned_host : MemoryKind::pageable_host,
+          MemCategory::param_shard, bytes, what + " (offload_param)");
+    }
     std::uint64_t persistent = 0;
     for (const UnitLayout& u : layout_.units) {
       if (u.persistent) persistent += u.gathered_count();
@@ -186,6 +202,15 @@ class Planner {
     const engine::NvmeTraffic t = engine::nvme_optimizer_traffic(config_, layout_, o);
     plan_.nvme_read_bytes_per_step = t.read_bytes;
     plan_.nvme_write_bytes_per_step = t.write_bytes;
+    if (!nvme_params_) return;
+    // Params on NVMe: the shards not kept in host memory are written once per step and read for each
+    // gather: at most twice per micro-batch (forward and backward).
+    const std::uint64_t on_disk =
+        (layout_.param_shard_count - engine::nvme_params_kept_elems(config_, layout_)) * size_of(dtype_);
+    plan_.nvme_file_bytes += engine::nvme_params_disk_bytes(config_, layout_, dtype_);
+    plan_.nvme_read_bytes_per_step +=
+        2 * on_disk * static_cast<std::uint64_t>(std::max<std::int64_t>(config_.batch.gradient_accumulation_steps, 1));
+    plan_.nvme_write_bytes_per_step += on_disk;
   }
 
   void optimizer() {
@@ -474,7 +499,8 @@ class Planner {
   DType dtype_;
   DType comm_dtype_;
   DeviceCaps caps_;
-  bool offload_params_;
+  bool offload_params_;  // off the device: in host memory or on NVMe
+  bool nvme_params_;
   bool offload_optimizer_;
   bool single_rank_;
   MemoryKind staging_kind_;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "engine_fixtures.hpp"
 #include "mpi_test_env.hpp"
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
@@ -104,11 +105,15 @@ void check_against_plan(const std::string& job, const Outcome& o) {
       INFO(fmt::format("[np{}] {}: {} {}: plan {} bytes (at least {}), measured {} bytes ({})", env().world.size, job,
                        memory_kind_name(kind), mem_category_name(cat), plan, low, measured,
                        o.plan.how[k][c].empty() ? "not in the plan" : o.plan.how[k][c]));
+      // NVMe jobs: the plan's pageable staging includes the files' bounce buffers, which are no allocations of
+      // the device (its tracker does not see them); only the upper bound holds there.
+      const bool untracked =
+          job.find("nvme") != std::string::npos && kind == MemoryKind::pageable_host && cat == MemCategory::staging;
       if (plan == 0.0) {
         CHECK(measured == 0.0);
       } else {
         CHECK(measured <= plan * (1.0 + tolerance));
-        CHECK(measured >= low * (1.0 - tolerance));
+        if (!untracked) CHECK(measured >= low * (1.0 - tolerance));
       }
     }
   }
@@ -132,6 +137,12 @@ const std::vector<Job>& jobs() {
     l.push_back(job("gpt bf16 offload_param + offload_optimizer", bf16,
                     R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
                        "stage3_param_persistence_threshold": 5000)"));
+    l.push_back(job("gpt bf16 offload_param nvme + offload_optimizer nvme", bf16,
+                    fmt::format(R"("offload_optimizer": {{"device": "nvme", "nvme_path": "{0}"}},
+                                   "offload_param": {{"device": "nvme", "nvme_path": "{0}", "max_in_cpu": 0,
+                                                      "buffer_count": 3}},
+                                   "stage3_param_persistence_threshold": 5000)",
+                                test::nvme_test_directory())));
     l.push_back(job("gpt fp32 persistent small units", "", R"("stage3_param_persistence_threshold": 20000)"));
     l.push_back(job("gpt bf16 master + bf16 states",
                     R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
