@@ -141,6 +141,7 @@ BufferView GatherCoordinator::param(std::size_t param_index) const {
 
 void GatherCoordinator::end_window() {
   schedule_.end_window();
+  if (nvme_params_ != nullptr) timeline_.add_disk(nvme_params_->take_disk_times());
   frees_.reclaim();
 }
 

@@ -242,6 +242,15 @@ ConstBufferView NvmeParams::shard(std::size_t unit, Group g) {
   return {slot->aligned + offset, s.count, dtype_, slot->memory.cview().kind};
 }
 
+DiskTimes NvmeParams::take_disk_times() {
+  const offload::AioQueue::Counters now = queue_.counters();
+  DiskTimes d;
+  d.param_read_bytes = now.read_bytes - reported_.read_bytes;
+  d.param_wait_ms = (now.wait_s - reported_.wait_s) * 1e3;
+  reported_ = now;
+  return d;
+}
+
 void NvmeParams::copied(std::size_t unit, Stream& stream) {
   Slot* slot = find_slot(unit);
   if (slot == nullptr) return;  // kept in host memory

@@ -38,6 +38,7 @@
 #include "zero3/config/config.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/engine/memory_plan.hpp"
+#include "zero3/engine/stats.hpp"
 #include "zero3/offload/aio.hpp"
 
 namespace zero3::engine {
@@ -75,8 +76,9 @@ class NvmeParams {
   // free; never blocks.
   void read_ahead(std::span<const std::size_t> units);
 
-  // Bytes read from the file for gathers, and time blocked waiting for them, since construction.
-  offload::AioQueue::Counters counters() const { return queue_.counters(); }
+  // The bytes read from the file and the time blocked on those reads since the last call (the window's
+  // gathers, when called at the end of each window).
+  DiskTimes take_disk_times();
 
  private:
   struct Slot {
@@ -124,6 +126,7 @@ class NvmeParams {
   std::vector<KeptRange> kept_ranges_;            // by flat offset
   std::vector<Slot> slots_;
   std::uint64_t uses_ = 0;
+  offload::AioQueue::Counters reported_;
 };
 
 // Host memory NVMe-offloaded params take (kept units, read buffers), per kind and category; empty unless

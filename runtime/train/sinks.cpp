@@ -34,14 +34,16 @@ nlohmann::json split_json(const StepSplit& s) {
 
 // NVMe offload's disk figures of the split, or null without NVMe offload.
 nlohmann::json disk_json(const StepSplit& s) {
-  if (s.disk_step_ms == 0.0 && s.disk_grad_write_bytes == 0.0) return nullptr;
+  if (s.disk_step_ms == 0.0 && s.disk_grad_write_bytes == 0.0 && s.disk_param_read_bytes == 0.0) return nullptr;
   return {{"step_ms", s.disk_step_ms},
           {"step_wait_ms", s.disk_step_wait_ms},
           {"grad_wait_ms", s.disk_grad_wait_ms},
           {"step_read_bytes", s.disk_step_read_bytes},
           {"step_write_bytes", s.disk_step_write_bytes},
           {"grad_read_bytes", s.disk_grad_read_bytes},
-          {"grad_write_bytes", s.disk_grad_write_bytes}};
+          {"grad_write_bytes", s.disk_grad_write_bytes},
+          {"param_read_bytes", s.disk_param_read_bytes},
+          {"param_wait_ms", s.disk_param_wait_ms}};
 }
 
 }  // namespace
@@ -78,6 +80,10 @@ void LogLine::on_log(const LogEvent& e) {
           s.disk_step_read_bytes / kGB, s.disk_step_write_bytes / kGB, s.disk_step_ms,
           moved / kGB / (s.disk_step_ms / 1e3), s.disk_step_wait_ms, s.disk_grad_read_bytes / kGB,
           s.disk_grad_write_bytes / kGB, s.disk_grad_wait_ms);
+    }
+    if (s.disk_param_read_bytes > 0.0) {
+      fmt::print("  disk (NVMe offload of params): the gathers read {:.2f} GB (waiting {:.0f} ms)\n",
+                 s.disk_param_read_bytes / 1e9, s.disk_param_wait_ms);
     }
   }
   if (!e.memory_phases.empty()) fmt::print("{}", memory_phase_lines(e.memory_phases));

@@ -45,14 +45,16 @@ ActivationPlan plan_activations(const models::UnitModel& model, const config::Co
 namespace {
 
 // The disk figures of `to` beside the same ones of `from`.
-std::array<std::pair<double*, const double*>, 7> disk_fields(StepSplit& to, const StepSplit& from) {
+std::array<std::pair<double*, const double*>, 9> disk_fields(StepSplit& to, const StepSplit& from) {
   return {{{&to.disk_step_ms, &from.disk_step_ms},
            {&to.disk_step_wait_ms, &from.disk_step_wait_ms},
            {&to.disk_grad_wait_ms, &from.disk_grad_wait_ms},
            {&to.disk_step_read_bytes, &from.disk_step_read_bytes},
            {&to.disk_step_write_bytes, &from.disk_step_write_bytes},
            {&to.disk_grad_read_bytes, &from.disk_grad_read_bytes},
-           {&to.disk_grad_write_bytes, &from.disk_grad_write_bytes}}};
+           {&to.disk_grad_write_bytes, &from.disk_grad_write_bytes},
+           {&to.disk_param_read_bytes, &from.disk_param_read_bytes},
+           {&to.disk_param_wait_ms, &from.disk_param_wait_ms}}};
 }
 
 }  // namespace
@@ -248,6 +250,8 @@ StepResult UnitTrainer::step() {
     window_.disk_step_write_bytes = static_cast<double>(d.step_write_bytes);
     window_.disk_grad_read_bytes = static_cast<double>(d.grad_read_bytes);
     window_.disk_grad_write_bytes = static_cast<double>(d.grad_write_bytes);
+    window_.disk_param_read_bytes = static_cast<double>(d.param_read_bytes);
+    window_.disk_param_wait_ms = d.param_wait_ms;
     last_split_ = timed_ ? window_ : StepSplit{};
     window_ = {};
   }

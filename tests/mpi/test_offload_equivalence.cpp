@@ -25,6 +25,7 @@
 
 #include "engine_trainer.hpp"
 #include "zero3/comm/typed_collectives.hpp"
+#include "zero3/engine/memory_plan.hpp"
 #include "zero3/offload/pinned_budget.hpp"
 
 using namespace zero3;
@@ -372,6 +373,50 @@ TEST_CASE("NVMe offload equals CPU offload bitwise", "[offload][nvme]") {
   for (const Case& c : cases) {
     run_case(c, mc);
     CHECK(test::nvme_rank_directory_removed(dir, world_rank()));
+  }
+}
+
+TEST_CASE("NVMe offload of params: the gathers read the shards from the file, the step writes them back",
+          "[offload][nvme]") {
+  const model::ModelConfig mc = transformer();
+  const std::string dir = test::nvme_test_directory();
+  const std::string optimizer = fmt::format(
+      R"("offload_optimizer": {{"device": "nvme", "nvme_path": "{}", "pipeline_read": true, "pipeline_write": true}})",
+      dir);
+  const std::string params = fmt::format(
+      R"(, "offload_param": {{"device": "nvme", "nvme_path": "{}", "max_in_cpu": 0, "buffer_count": 3}})", dir);
+  const auto disk_per_step = [&](const std::string& offload, int steps) {
+    Case c{"disk", offload, R"("bf16": {"enabled": true})"};
+    EngineTrainer e(text_for(c, true).parse(), mc, model::model_units(mc));
+    std::vector<DiskTimes> out;
+    for (int s = 0; s < steps; ++s) {
+      e.train_step(s);
+      out.push_back(e.engine().stats().last_step_disk);
+    }
+    return std::make_pair(out, e.engine().memory().get(MemoryKind::pinned_host, MemCategory::param_shard).peak_bytes);
+  };
+  const auto [with, kept_bytes] = disk_per_step(optimizer + params, 3);
+  const auto [without, unused] = disk_per_step(optimizer, 3);
+  (void)unused;
+  // The shards not kept in host memory (every sharded unit's: max_in_cpu 0), from the layout every rank shares.
+  const Case probe{"probe", optimizer, R"("bf16": {"enabled": true})"};
+  const config::Config cfg = text_for(probe, true).parse();
+  const MemoryPlan plan = plan_memory(model::model_units(mc), cfg, {});
+  const std::uint64_t shards = plan.peak.at(MemoryKind::device, MemCategory::param_shard);  // every shard, bf16
+  const std::uint64_t on_disk = shards - kept_bytes;
+  INFO(fmt::format("[np{}] shards {} bytes, kept {} bytes", world_rank(), shards, kept_bytes));
+  REQUIRE(on_disk > 0);
+  const std::uint64_t slack = 2 * 2 * 4096 * mc.layers;  // whole blocks around each unit's two group spans
+  for (std::size_t s = 0; s < with.size(); ++s) {
+    INFO(fmt::format("step {}: params read {} bytes, the update wrote {} bytes (without params on NVMe {})", s + 1,
+                     with[s].param_read_bytes, with[s].step_write_bytes, without[s].step_write_bytes));
+    // Each sharded unit is read at least once (forward) and at most twice (backward too) per micro-batch.
+    CHECK(with[s].param_read_bytes >= on_disk);
+    CHECK(with[s].param_read_bytes <= 2 * (on_disk + slack));
+    CHECK(without[s].param_read_bytes == 0);
+    // The update writes the new params besides the master and moments.
+    CHECK(with[s].step_write_bytes >= without[s].step_write_bytes + on_disk);
+    CHECK(with[s].step_read_bytes == without[s].step_read_bytes);
   }
 }
 

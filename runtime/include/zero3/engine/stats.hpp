@@ -48,6 +48,9 @@ struct DiskTimes {
   double step_ms = 0.0;       // the update, from its first read to its last write on the disk
   double step_wait_ms = 0.0;  // of step_ms, the engine thread blocked on the disk (not hidden by the CPU step)
   double grad_wait_ms = 0.0;  // the gradient worker blocked on the disk
+  // NVMe offload of params: read for the window's gathers, and the time gathers blocked on those reads.
+  std::uint64_t param_read_bytes = 0;
+  double param_wait_ms = 0.0;
 
   DiskTimes& operator+=(const DiskTimes& o) {
     step_read_bytes += o.step_read_bytes;
@@ -57,6 +60,8 @@ struct DiskTimes {
     step_ms += o.step_ms;
     step_wait_ms += o.step_wait_ms;
     grad_wait_ms += o.grad_wait_ms;
+    param_read_bytes += o.param_read_bytes;
+    param_wait_ms += o.param_wait_ms;
     return *this;
   }
 };

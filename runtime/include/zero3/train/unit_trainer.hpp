@@ -48,6 +48,8 @@ struct StepSplit {
   double disk_step_write_bytes = 0.0;
   double disk_grad_read_bytes = 0.0;
   double disk_grad_write_bytes = 0.0;
+  double disk_param_read_bytes = 0.0;  // NVMe offload of params: read for the window's gathers
+  double disk_param_wait_ms = 0.0;     // the gathers blocked on those reads
 
   double total_ms() const { return forward_ms + backward_ms + step_ms; }
   StepSplit& operator+=(const StepSplit& o);
