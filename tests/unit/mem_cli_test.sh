@@ -79,6 +79,20 @@ assert all(h <= 1.5 for h in host) and all(d <= 8 for d in dev), (host, dev)
 print("fit with a host budget ok:", len(rows), "settings fit")
 PY
 
+# With the params too large for host memory as well: the 2.45B Llama (bf16 param shards 2.3 GiB per rank) on
+# 4 GiB devices and 4 GiB of host memory per node: every proposal puts the params on NVMe too.
+out=$("$zero3" mem fit --config "$configs/llama-2.5b-nvme.json" --world-size 2 --heldout-samples 1 \
+  --device-memory-gb 4 --host-memory-gb 4 2>&1)
+python3 - <<PY || fail "mem fit with the params too large for host memory: $out"
+import re
+rows = [l for l in """$out""".splitlines() if re.search(r"GiB/node  \+", l)]
+assert rows, "no candidates"
+assert all("state and params on NVMe" in l for l in rows), rows
+host = [float(re.search(r"host ([0-9.]+) GiB/node", l).group(1)) for l in rows]
+assert all(h <= 4 for h in host), host
+print("fit with params on NVMe ok:", len(rows), "settings fit")
+PY
+
 # At a real context length the activations are what does not fit: the SmolLM-135M shape at context 8192 on
 # 6 GiB devices. The plan falls with each checkpointing mode (none > selective > full), and fit proposes
 # checkpointing, every proposal within the budget.

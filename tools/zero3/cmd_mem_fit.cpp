@@ -196,20 +196,32 @@ class Fitter {
             }
             why += "; 16-bit state rounded once per stored value";
           }
-          if (nvme) {
-            c.config.zero.offload_optimizer.device = config::OffloadDevice::nvme;
-            c.config.zero.offload_optimizer.nvme_path = "/local_nvme";  // planned only: any directory
-            const MemoryPlan p = plan(c.config);
-            const double bytes = static_cast<double>(p.nvme_read_bytes_per_step + p.nvme_write_bytes_per_step);
-            c.extra_ms += bytes * ranks_per_node() / (o_.disk_gbps * 1e9) * 1e3;
-            change += " + state on NVMe (nvme_path)";
-            why += fmt::format("; {:.1f} GiB per rank read and written per step on a {} GB/s disk per node",
-                               bytes / kGiB, o_.disk_gbps);
+          if (!nvme) {
+            out.push_back({std::move(change), std::move(c.config), 0, c.extra_ms, std::move(why)});
+            continue;
           }
-          out.push_back({std::move(change), std::move(c.config), 0, c.extra_ms, std::move(why)});
+          c.config.zero.offload_optimizer.device = config::OffloadDevice::nvme;
+          c.config.zero.offload_optimizer.nvme_path = "/local_nvme";  // planned only: any directory
+          out.push_back(on_disk(c, change + " + state on NVMe (nvme_path)", why));
+          if (c.config.zero.offload_param.device == config::OffloadDevice::cpu) {
+            // The params too, every sharded unit read at its gathers (max_in_cpu 0).
+            c.config.zero.offload_param.device = config::OffloadDevice::nvme;
+            c.config.zero.offload_param.nvme_path = "/local_nvme";
+            c.config.zero.offload_param.max_in_cpu = 0;
+            out.push_back(on_disk(c, change + " + state and params on NVMe (nvme_path, max_in_cpu 0)", why));
+          }
         }
       }
     }
+  }
+
+  // `c` with its NVMe traffic per step timed at --disk-gbps (the node's ranks share the disk).
+  Candidate on_disk(const Candidate& c, std::string change, const std::string& why) const {
+    const MemoryPlan p = plan(c.config);
+    const double bytes = static_cast<double>(p.nvme_read_bytes_per_step + p.nvme_write_bytes_per_step);
+    return {std::move(change), c.config, 0, c.extra_ms + bytes * ranks_per_node() / (o_.disk_gbps * 1e9) * 1e3,
+            why + fmt::format("; {:.1f} GiB per rank read and written per step on a {} GB/s disk per node",
+                              bytes / kGiB, o_.disk_gbps)};
   }
 
   // Activation checkpointing, alone and with the offloads: full reruns each unit's forward (its matrix
