@@ -60,11 +60,8 @@ std::size_t ring_size(const config::Config& config) {
   return std::max(stages, by_count);
 }
 
-// A gradient piece of the current window, keyed by its first element.
-struct Arrival {
-  std::size_t count = 0;
-  std::size_t stats = 0;   // index into the window's statistics
-  bool final = false;      // its last arrival was in the window's last micro-batch
+// A gradient piece of the current window, with what the logs and the accumulator file hold of it.
+struct Arrival : GradArrival {
   std::size_t logged = 0;  // arrivals written to the logs (log r holds the r-th)
   bool summed = false;     // the accumulator file holds the sum of every arrival so far
 };
@@ -411,15 +408,9 @@ class NvmeShardOptimizer final : public ShardOptimizer {
 
   void arrive(std::size_t at, ConstBufferView piece, Stream& stream) {
     StagingSlots::Slot& slot = slots_->stage(device_, timeline_, piece, stream);
-    const auto [it, first] = window_.try_emplace(at);
-    Arrival& a = it->second;
-    ZERO3_CHECK(first || a.count == piece.count, "offload: gradient pieces changed shape within a window");
-    a.count = piece.count;
-    a.final = final_;
-    a.stats = stats_.size();
-    stats_.emplace_back();
-    offload::GradStats* out = &stats_.back();  // deque: stays put while later entries are added
-    Arrival* arrival = &a;                     // map: stays put too; read and written by the worker only now
+    const ArrivalRecord<Arrival> rec = record_arrival(window_, stats_, at, piece.count, final_);
+    offload::GradStats* out = rec.stats;
+    Arrival* arrival = &rec.arrival;  // read and written by the worker only now
     const bool final = final_;
     const std::size_t n = piece.count;
     worker_.submit([this, &slot, at, n, arrival, final, out] {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "zero3/core/error.hpp"
+
 namespace zero3::engine {
 
 using config::OptimizerType;
@@ -36,6 +38,15 @@ std::vector<std::pair<std::size_t, std::size_t>> host_chunk_bounds(const config:
     a += n;
   }
   return out;
+}
+
+offload::GradStats* note_arrival(GradArrival& a, bool first, std::size_t count, bool final,
+                                 std::deque<offload::GradStats>& stats) {
+  ZERO3_CHECK(first || a.count == count, "offload: gradient pieces changed shape within a window");
+  a.count = count;
+  a.final = final;
+  a.stats = stats.size();
+  return &stats.emplace_back();
 }
 
 HostWorker::HostWorker() : thread_([this] { run(); }) {}

@@ -1,6 +1,7 @@
 // What the two host-side optimizers share (CPU offload, offload_optimizer.cpp; NVMe offload,
-// nvme_optimizer.cpp): the host region's chunking, the device-to-host gradient staging slots, the worker thread
-// that accumulates arrivals, and the fused CPU step of one span. Internal to the engine.
+// nvme_optimizer.cpp): the host region's chunking, the window's record of gradient arrivals, the
+// device-to-host gradient staging slots, the worker thread that accumulates arrivals, and the fused CPU step
+// of one span. Internal to the engine.
 #pragma once
 
 #include <condition_variable>
@@ -8,6 +9,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -47,6 +49,39 @@ std::size_t staging_slot_elems(const Layout& layout);
 // slot's size), so the statistics are summed over the same pieces however the state is held.
 std::vector<std::pair<std::size_t, std::size_t>> host_chunk_bounds(const config::Config& config, std::size_t begin,
                                                                    std::size_t end);
+
+// A gradient piece of the current window, keyed by its first element (NVMe offload adds what its logs hold).
+struct GradArrival {
+  std::size_t count = 0;
+  std::size_t stats = 0;  // index into the window's statistics
+  // Its last arrival was in the window's last micro-batch: the statistics taken then are the final values'.
+  bool final = false;
+};
+
+// What record_arrival hands back: the window's entry for the piece, whether this is the piece's first arrival
+// in the window (CPU offload overwrites its accumulator then, rather than adding), and the statistics slot the
+// worker fills for this arrival.
+template <class A>
+struct ArrivalRecord {
+  A& arrival;
+  bool first;
+  offload::GradStats* stats;
+};
+
+// The entry's part of record_arrival: a piece arriving again must have the same count (the window's pieces are
+// cut the same way every micro-batch), and each arrival gets a statistics slot of its own, appended to `stats`.
+// A deque, so the slot stays put while later arrivals append theirs and the worker writes it.
+offload::GradStats* note_arrival(GradArrival& a, bool first, std::size_t count, bool final,
+                                 std::deque<offload::GradStats>& stats);
+
+// Records an arrival of `count` elements at `at` in the window (`final`: in the last micro-batch). A is
+// GradArrival or derives from it; a map's entries stay put too, so the worker may hold on to the reference.
+template <class A>
+ArrivalRecord<A> record_arrival(std::map<std::size_t, A>& window, std::deque<offload::GradStats>& stats, std::size_t at,
+                                std::size_t count, bool final) {
+  const auto [it, first] = window.try_emplace(at);
+  return {it->second, first, note_arrival(it->second, first, count, final, stats)};
+}
 
 // One task at a time, in submission order, on its own thread: the host side of the gradient pipeline.
 class HostWorker {

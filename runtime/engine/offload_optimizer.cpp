@@ -38,13 +38,6 @@ struct HostChunk {
   Buffer params;  // compute-dtype copy for the device (only when the param shards are device memory)
 };
 
-// A gradient arrival of the current window, keyed by its first element.
-struct Arrival {
-  std::size_t count = 0;
-  std::size_t stats = 0;  // index into the window's statistics
-  bool final = false;     // arrived in the window's last micro-batch: its statistics are the final values'
-};
-
 class OffloadShardOptimizer final : public ShardOptimizer {
  public:
   OffloadShardOptimizer(const config::Config& config, const Layout& layout, Device& device, Stream& stream,
@@ -270,17 +263,11 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   // the comm stream, then accumulated by the worker once the copy has landed.
   void arrive(std::size_t at, ConstBufferView piece, Stream& stream) {
     StagingSlots::Slot& slot = slots_->stage(device_, timeline_, piece, stream);
-    const auto [it, first] = window_.try_emplace(at);
-    Arrival& a = it->second;
-    ZERO3_CHECK(first || a.count == piece.count, "offload: gradient pieces changed shape within a window");
-    a.count = piece.count;
-    a.final = final_;
-    a.stats = stats_.size();
-    stats_.emplace_back();
-    offload::GradStats* out = &stats_.back();  // deque: stays put while later entries are added
+    const ArrivalRecord<GradArrival> rec = record_arrival(window_, stats_, at, piece.count, final_);
+    offload::GradStats* out = rec.stats;
     const HostChunk& c = chunk_at(at);
     float* acc = c.acc.view().as<float>() + (at - c.offset);
-    const bool overwrite = first;
+    const bool overwrite = rec.first;
     const bool want_stats = final_;
     const std::size_t n = piece.count;
     const void* src = slot.buffer.data();
@@ -362,7 +349,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
   Buffer host_scalars_;
   Buffer device_scalars_;
   bool final_ = false;
-  std::map<std::size_t, Arrival> window_;
+  std::map<std::size_t, GradArrival> window_;
   std::deque<offload::GradStats> stats_;
   StateTensors tensors_;
   HostWorker worker_;  // last: joined first, while everything its tasks touch still exists
