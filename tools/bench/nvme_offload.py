@@ -13,8 +13,11 @@ O_DIRECT bandwidth measured in the same run.
    efficiency: the time the disk needs for those bytes at fio's separate read and write bandwidths (ranks
    share the disk: all ranks' bytes count), over the update's time.
 
+With --params-on-nvme the params go to the same disk too (offload_param nvme, max_in_cpu 0: every sharded unit
+read at each gather); the table then also shows what the gathers read and how long they waited.
+
 Usage: python3 tools/bench/nvme_offload.py [--zero3 build-host/bin/zero3] [--config configs/llama-2.5b-nvme.json]
-       [--nvme-path /var/tmp/zero3-nvme] [--np 2] [--steps 3] [--fio-seconds 20] [--json OUT]
+       [--nvme-path /var/tmp/zero3-nvme] [--np 2] [--steps 3] [--fio-seconds 20] [--params-on-nvme] [--json OUT]
 The first step is a warm-up (its update is the first pass over freshly written files); the table shows every
 step and the summary the later ones. Needs fio and mpirun; the job needs the plan's disk bytes free.
 """
@@ -97,6 +100,8 @@ def main():
     ap.add_argument("--fio-seconds", type=int, default=20)
     ap.add_argument("--fio-size", default="4G", help="per fio job (rank)")
     ap.add_argument("--mpirun", default="mpirun --oversubscribe --allow-run-as-root --bind-to none")
+    ap.add_argument("--params-on-nvme", action="store_true",
+                    help="offload_param nvme too (max_in_cpu 0), under the same path")
     ap.add_argument("--json", help="also write every figure to this file")
     args = ap.parse_args()
     for tool in ("fio", "mpirun"):
@@ -107,6 +112,9 @@ def main():
         config = json.load(f)
     config["wall_clock_breakdown"] = True
     config["zero_optimization"]["offload_optimizer"]["nvme_path"] = args.nvme_path
+    if args.params_on_nvme:
+        config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": args.nvme_path,
+                                                        "max_in_cpu": 0}
     config["zero3"].setdefault("run", {})["steps"] = args.steps
     os.makedirs(args.nvme_path, exist_ok=True)
 
@@ -136,17 +144,21 @@ def main():
                      "wait_s": d["step_wait_ms"] / 1e3, "read_gb": read / 1e9, "write_gb": write / 1e9,
                      "gb_s": (read + write) / 1e9 / seconds, "efficiency": need / seconds,
                      "grad_write_gb": d["grad_write_bytes"] * args.np / 1e9,
-                     "grad_wait_s": d["grad_wait_ms"] / 1e3})
+                     "grad_wait_s": d["grad_wait_ms"] / 1e3,
+                     "param_read_gb": d.get("param_read_bytes", 0) * args.np / 1e9,
+                     "param_wait_s": d.get("param_wait_ms", 0) / 1e3})
     if not rows:
         sys.exit("no metrics line carries disk figures: is offload_optimizer.device nvme?")
 
     print(f"\n{args.np} ranks, {args.config}; all ranks' bytes (one disk)")
     print(f"{'step':>4} {'step s':>8} {'optim s':>8} {'disk s':>8} {'wait s':>7} {'read GB':>8} {'write GB':>8} "
-          f"{'GB/s':>6} {'eff':>6} {'grad GB':>8} {'grad wait s':>11}")
+          f"{'GB/s':>6} {'eff':>6} {'grad GB':>8} {'grad wait s':>11}"
+          + (f" {'param GB':>8} {'param wait s':>12}" if args.params_on_nvme else ""))
     for r in rows:
         print(f"{r['step']:>4} {r['step_s']:>8.1f} {r['optimizer_s']:>8.1f} {r['disk_pass_s']:>8.1f} "
               f"{r['wait_s']:>7.1f} {r['read_gb']:>8.2f} {r['write_gb']:>8.2f} {r['gb_s']:>6.2f} "
-              f"{r['efficiency']:>6.0%} {r['grad_write_gb']:>8.2f} {r['grad_wait_s']:>11.1f}")
+              f"{r['efficiency']:>6.0%} {r['grad_write_gb']:>8.2f} {r['grad_wait_s']:>11.1f}"
+              + (f" {r['param_read_gb']:>8.2f} {r['param_wait_s']:>12.1f}" if args.params_on_nvme else ""))
     later = rows[1:] or rows
     eff = [r["efficiency"] for r in later]
     print(f"\nthe update's disk pass at {statistics.median(eff):.0%} (range {min(eff):.0%}-{max(eff):.0%}) of the "
@@ -154,7 +166,8 @@ def main():
           f"(steps after the first); peak RSS per rank: " + ", ".join(f"{m:.0f} MiB" for m in rss))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"disk": disk, "steps": rows, "peak_rss_mib": rss, "config": args.config}, f, indent=1)
+            json.dump({"disk": disk, "steps": rows, "peak_rss_mib": rss, "config": args.config,
+                       "params_on_nvme": args.params_on_nvme}, f, indent=1)
 
 
 if __name__ == "__main__":
