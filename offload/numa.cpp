@@ -5,7 +5,6 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <hwloc.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -251,28 +250,6 @@ std::string HostTopology::describe() const {
                        bitmap_list(numa_obj(impl_->topology, node)->cpuset));
   }
   return out;
-}
-
-std::vector<int> process_cpus() {
-  // Grow the mask until the kernel's fits: machines with more than CPU_SETSIZE (1024) CPUs exist.
-  for (int capacity = 1024; capacity <= (1 << 20); capacity *= 2) {
-    cpu_set_t* set = CPU_ALLOC(capacity);
-    if (set == nullptr) throw OutOfMemory("CPU_ALLOC failed");
-    const std::size_t size = CPU_ALLOC_SIZE(capacity);
-    CPU_ZERO_S(size, set);
-    if (sched_getaffinity(0, size, set) == 0) {
-      std::vector<int> cpus;
-      for (int cpu = 0; cpu < capacity; ++cpu) {
-        if (CPU_ISSET_S(cpu, size, set)) cpus.push_back(cpu);
-      }
-      CPU_FREE(set);
-      return cpus;
-    }
-    const int err = errno;
-    CPU_FREE(set);
-    if (err != EINVAL) throw Error(fmt::format("sched_getaffinity failed: {}", errno_text(err)));
-  }
-  throw Error("sched_getaffinity failed: CPU mask larger than 2^20 CPUs");
 }
 
 NumaPlacement choose_placement(const HostTopology& topology, std::optional<std::string_view> gpu_bus_id,

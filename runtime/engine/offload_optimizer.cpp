@@ -11,6 +11,7 @@
 #include "nvme_optimizer.hpp"
 #include "nvme_params.hpp"
 #include "offload_common.hpp"
+#include "zero3/core/cpus.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/core/trace.hpp"
@@ -358,7 +359,7 @@ class OffloadShardOptimizer final : public ShardOptimizer {
 }  // namespace
 
 OffloadHost::OffloadHost(const Device& device, const comm::World& world) {
-  const std::vector<int> rank_cpus = offload::process_cpus();
+  const std::vector<int> rank_cpus = process_cpus();
   try {
     topology_.emplace(offload::HostTopology::from_system());
     const std::optional<std::string> bus = device.pci_bus_id();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "skip.hpp"
+#include "zero3/core/cpus.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/offload/numa.hpp"
 
@@ -236,7 +237,7 @@ TEST_CASE("this machine") {
   const HostTopology topology = HostTopology::from_system();
   REQUIRE(topology.numa_node_count() >= 1);
   INFO(topology.describe());
-  const std::vector<int> cpus = process_cpus();
+  const std::vector<int> cpus = zero3::process_cpus();
   REQUIRE_FALSE(cpus.empty());
   CHECK(topology.node_of_cpus(cpus).has_value());
   const NumaPlacement placement = choose_placement(topology, std::nullopt, cpus, 0);

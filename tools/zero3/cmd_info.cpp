@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "zero3/comm/communicator.hpp"
+#include "zero3/core/cpus.hpp"
 #include "zero3/core/version.hpp"
 #include "zero3/device/device.hpp"
 #include "zero3/offload/numa.hpp"
@@ -17,7 +18,7 @@ namespace {
 std::string topology_summary() {
   try {
     return fmt::format("{}; the process may run on {} CPU(s)", offload::HostTopology::from_system().describe(),
-                       offload::process_cpus().size());
+                       process_cpus().size());
   } catch (const std::exception& e) {
     return fmt::format("unavailable ({})", e.what());
   }

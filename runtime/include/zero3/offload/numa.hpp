@@ -49,9 +49,6 @@ class HostTopology {
   std::unique_ptr<Impl> impl_;
 };
 
-// The OS processor indices this process may run on (sched_getaffinity).
-std::vector<int> process_cpus();
-
 struct NumaPlacement {
   int node = 0;           // logical NUMA node index
   std::vector<int> cpus;  // the cores for the optimizer threads: the node's, within the process's CPU set
