@@ -13,6 +13,8 @@
 #include <system_error>
 #include <thread>
 
+#include "zero3/core/json_text.hpp"
+
 extern char** environ;  // NOLINT(readability-redundant-declaration): POSIX declares it nowhere in a header
 
 namespace zero3::events {
@@ -36,34 +38,10 @@ std::string_view level_name(log::Level l) {
   return "info";
 }
 
+// Every string of an event is JSON-safe: a message quoting a file name that is not UTF-8 still makes a line
+// that is JSON (zero3/core/json_text.hpp).
 void append_escaped(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
+  out += json_quoted(s);
 }
 
 // JSON has no NaN or infinity: those figures are written as the strings "nan", "inf", "-inf".

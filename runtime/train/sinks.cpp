@@ -186,7 +186,7 @@ void JsonlMetrics::on_log(const LogEvent& e) {
     }
     line["memory"] = phases;
   }
-  out_ << line.dump() << '\n' << std::flush;
+  out_ << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
 }
 
 CsvMonitor::CsvMonitor(int rank, const config::MonitorConfig& monitor, bool fp16)

@@ -57,6 +57,22 @@ TEST_CASE("events are JSON lines with every field, non-finite figures as strings
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("an event quoting bytes that are not UTF-8 is still a JSON line", "[events]") {
+  const auto dir = fresh_dir("utf8");
+  zero3::events::configure({.run_dir = dir, .rank = 0});
+  const std::string name = "/data/tok\xe9ns\xff.bin";  // Latin-1 e-acute and a byte no UTF-8 has
+  zero3::events::emit({.level = zero3::log::Level::error,
+                       .kind = "train_failed",
+                       .message = "cannot open " + name + ": \x01",
+                       .fields = {{"file\xc3", name}}});
+  const auto lines = read_lines(dir / "events.jsonl");  // throws when a line is not JSON
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0]["message"] == "cannot open /data/tok\uFFFDns\uFFFD.bin: \x01");
+  CHECK(lines[0]["fields"]["file\uFFFD"] == "/data/tok\uFFFDns\uFFFD.bin");
+  zero3::events::configure({});
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("the alert command receives warnings and errors on stdin, not info", "[events]") {
   const auto dir = fresh_dir("alert");
   std::filesystem::create_directories(dir);

@@ -11,6 +11,7 @@
 
 #include "zero3/config/parse.hpp"
 #include "zero3/core/error.hpp"
+#include "zero3/core/json_text.hpp"
 #include "zero3/models/model_factory.hpp"
 #include "zero3/train/train_data.hpp"
 
@@ -41,6 +42,14 @@ std::string patched_config(const TrainConfigOptions& o) {
     for (std::size_t dot = rest.find('.'); dot != std::string_view::npos; dot = rest.find('.')) {
       at = &(*at)[std::string(rest.substr(0, dot))];
       rest.remove_prefix(dot + 1);
+    }
+    // A config is JSON, and JSON text is UTF-8: a value that is not (a file name in another encoding) is
+    // named here, not left to the JSON library's error when the patched config is written out.
+    if (!valid_utf8(value)) {
+      throw ConfigError(
+          fmt::format("--{}: the value is not valid UTF-8 (\"{}\"); a config's strings, file names "
+                      "included, must be UTF-8: rename the file or link to it under a UTF-8 name",
+                      path, utf8_or_replacement(value)));
     }
     Json v;
     try {

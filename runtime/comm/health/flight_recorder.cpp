@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "zero3/comm/watchdog.hpp"
+#include "zero3/core/json_text.hpp"
 
 namespace zero3::comm {
 
@@ -227,18 +228,7 @@ std::vector<Record> Recorder::snapshot() const {
 
 namespace {
 std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
+  return json_quoted(s);
 }
 
 std::string_view lane_name(const Record& r, const std::vector<LaneInfo>& lanes) {

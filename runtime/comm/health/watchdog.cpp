@@ -19,6 +19,7 @@
 
 #include "flight_recorder.hpp"
 #include "zero3/core/events.hpp"
+#include "zero3/core/json_text.hpp"
 #include "zero3/core/log.hpp"
 
 namespace zero3::comm {
@@ -93,7 +94,7 @@ std::string progress_json(int rank, const LoopProgress& progress) {
   const std::optional<flight::Record> waiting = rec.oldest_in_flight();
   j["in_flight"] = text(waiting);
   j["in_flight_since_ns"] = waiting ? waiting->started_ns : 0;
-  return j.dump();
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 // Who entered `op` and what the others last did, from the ranks' progress in `channel`.
@@ -210,7 +211,8 @@ void run_failure(const std::string& kind, const std::string& headline, const std
   if (!dump.empty()) log::error("flight record: {}", dump.string());
   if (channel) {
     try {
-      channel->post_failure(Json{{"rank", rank}, {"kind", kind}, {"message", headline}}.dump());
+      channel->post_failure(Json{{"rank", rank}, {"kind", kind}, {"message", headline}}.dump(
+          -1, ' ', false, Json::error_handler_t::replace));
     } catch (const std::exception& ex) {
       log::error("could not post the failure notice: {}", ex.what());
     }
@@ -457,10 +459,10 @@ std::string flight_record_json(std::string_view reason, int rank) {
   }
   std::string out =
       fmt::format("{{\"rank\": {}, \"size\": {}, \"pid\": {}, \"time_ns\": {}, \"reason\": {}, \"lanes\": [", rank,
-                  size, static_cast<long>(::getpid()), flight::now_ns(), Json(std::string(reason)).dump());
+                  size, static_cast<long>(::getpid()), flight::now_ns(), json_quoted(reason));
   for (std::size_t i = 0; i < lanes.size(); ++i) {
     out += fmt::format("{}{{\"name\": {}, \"last_started\": {}, \"last_completed\": {}}}", i ? ", " : "",
-                       Json(lanes[i].name).dump(), lanes[i].last_started, lanes[i].last_completed);
+                       json_quoted(lanes[i].name), lanes[i].last_started, lanes[i].last_completed);
   }
   out += "],\n\"records\": [\n";
   for (std::size_t i = 0; i < records.size(); ++i) {
