@@ -4,11 +4,14 @@
 // watchdog thread and a failing trainer thread may both report.
 #include <fmt/format.h>
 
+#include <exception>
 #include <mutex>
 
 #include "progress_store.hpp"
 #include "zero3/comm/communicator.hpp"
+#include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/watchdog.hpp"
+#include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 
 namespace zero3::comm {
@@ -67,17 +70,43 @@ class StoreChannel final : public ProgressChannel {
   bool publish_failed_ = false;         // guarded by mutex_
 };
 
+// Rank 0's server, or the reason it could not start. Every rank learns the outcome from rank 0 before the
+// endpoint is shared: a port taken by another job (ZERO3_PROGRESS_PORT) or a bad address must end every
+// rank with the same named error, not leave the others waiting for an endpoint that never comes.
+std::unique_ptr<ProgressServer> start_server(Bootstrap& bootstrap, bool single_host) {
+  std::unique_ptr<ProgressServer> server;
+  std::exception_ptr failure;
+  std::string why;
+  bool config_error = false;
+  if (bootstrap.rank() == 0) {
+    try {
+      ProgressServerOptions options;
+      options.world_size = bootstrap.size();
+      options.single_host = single_host;
+      server = std::make_unique<ProgressServer>(std::move(options));
+      const ProgressEndpoint& at = server->endpoint();
+      log::info("progress store: listening on {}:{} ({} ranks)", at.host, at.port, bootstrap.size());
+    } catch (const Error& e) {
+      failure = std::current_exception();
+      config_error = dynamic_cast<const ConfigError*>(&e) != nullptr;
+      why = fmt::format("{}{}", config_error ? 'C' : 'M', e.what());
+    }
+  }
+  why = broadcast_string(bootstrap, why, 0);
+  if (failure) std::rethrow_exception(failure);
+  if (!why.empty()) {
+    const std::string message = fmt::format("the progress store of rank 0 did not start: {}", why.substr(1));
+    if (why.front() == 'C') throw ConfigError(message);
+    throw CommError(message);
+  }
+  return server;
+}
+
 }  // namespace
 
 std::shared_ptr<ProgressChannel> make_progress_channel(Bootstrap& bootstrap, bool single_host) {
   if (bootstrap.size() <= 1) return nullptr;
-  std::unique_ptr<ProgressServer> server;
-  if (bootstrap.rank() == 0) {
-    ProgressServerOptions options;
-    options.world_size = bootstrap.size();
-    options.single_host = single_host;
-    server = std::make_unique<ProgressServer>(std::move(options));
-  }
+  std::unique_ptr<ProgressServer> server = start_server(bootstrap, single_host);
   const ProgressEndpoint endpoint = share_progress_endpoint(bootstrap, server.get());
   return std::make_shared<StoreChannel>(std::move(server), endpoint, bootstrap.rank());
 }
