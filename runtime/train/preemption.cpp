@@ -138,8 +138,13 @@ StopSignals::StopSignals(const StopSignalOptions& options) {
 }
 
 StopSignals::~StopSignals() {
+  if (kept_until_exit_) return;
   for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) ::sigaction(it->signal, &it->previous, nullptr);
   g_installed.store(false);
+}
+
+void StopSignals::keep_until_exit() noexcept {
+  kept_until_exit_ = true;
 }
 
 StopAgreement agree_on_stop(comm::Bootstrap& bootstrap) {

@@ -10,7 +10,9 @@
 #   4. a second signal (rank 1 is stopped, so rank 0 cannot finish its step): rank 0 exits at once with
 #      128 + 15 and the job ends within seconds, without a checkpoint;
 #   5. a fatal error (a resume from a missing checkpoint): exit 1, a train_failed event in the default run
-#      directory (./zero3-run), and the alert command got it.
+#      directory (./zero3-run), and the alert command got it;
+#   6. SIGTERM to every rank, again and again for 0.8 s (within the repeat window), from the moment the run
+#      printed its final report: the ranks still shut down the engine and MPI then, and the run exits 0.
 # Usage: preempt_cli_test.sh ZERO3_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -u
 zero3="$(realpath "$1")"
@@ -175,6 +177,25 @@ code=$?
 has_event "$tmp/zero3-run/events.jsonl" train_failed "no checkpoint at" || fail "fatal: no train_failed event"
 has_event "$tmp/alerts.jsonl" train_failed "no checkpoint at" || fail "fatal: the alert command did not get it"
 [[ "$(grep -c "no checkpoint at" "$tmp/fatal.out")" -eq 1 ]] || fail "fatal: the error is not printed exactly once"
+
+# 6. Stop signals during the shut-down after the final report change nothing.
+steps=20
+start finished --metrics "$tmp/finished.jsonl"
+for _ in $(seq 1 1200); do
+  grep -q "^done: " "$tmp/finished.out" 2>/dev/null && break
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.01
+done
+mapfile -t pids < <(ranks)
+t0=$(date +%s%N)
+while (($(date +%s%N) - t0 < 800000000)); do
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  sleep 0.02
+done
+finish
+code=$?
+[[ $code -eq 0 ]] || fail "finished: SIGTERM after the final report gave exit $code, not 0: $(tail -n 3 "$tmp/finished.out")"
+echo "signals after the final report: exit $code"
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures failure(s)"

@@ -172,7 +172,10 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
   // After MPI start-up (inside UnitTrainer), which may install handlers of its own; a signal before
   // this point ends the rank as it always did, with no step lost.
   train::clear_stop_request();
-  const train::StopSignals stop_signals({.rank = world.rank});
+  train::StopSignals stop_signals({.rank = world.rank});
+  // The engine and MPI shut down after this function returns: a stop signal then must still find the
+  // handler (the run is complete; it exits 0 as the docs promise), not the default action.
+  stop_signals.keep_until_exit();
   train::Trainer trainer(unit_trainer, data, trainer_options(o, cfg));
   // Rank 0 alone writes the metric files, so a directory it cannot create fails it alone: every rank learns
   // of it here, before the first collective of the loop, and all stop together instead of waiting for it.

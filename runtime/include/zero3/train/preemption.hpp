@@ -56,9 +56,18 @@ class StopSignals {
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
+  // Leaves the handlers installed when this object goes away, until the process exits: a program whose
+  // run ends with the trainer (`zero3 train`) still tears down the engine and MPI after it, and a stop
+  // signal in that window must not turn a finished run into one killed by SIGTERM (a scheduler that
+  // signals at the time limit, as the last step ends). After the run a request only sets the flag; a
+  // signal repeated after the repeat window still ends the process at once. No second StopSignals can
+  // be installed afterwards.
+  void keep_until_exit() noexcept;
+
  private:
   struct Saved;
   std::vector<Saved> saved_;
+  bool kept_until_exit_ = false;
 };
 
 // What the ranks agreed on after a step.
