@@ -38,3 +38,12 @@ if(TARGET zero3 AND NOT ZERO3_SANITIZE)
                    ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
   set_tests_properties(mpi.nvme_kill PROPERTIES LABELS "mpi" TIMEOUT 600)
 endif()
+
+# One job per save directory (tests/mpi/save_dir_lock_test.sh): a second job on a directory in use is
+# refused on every rank, naming the owner; the lock dies with a killed job.
+if(TARGET zero3)
+  add_test(NAME mpi.save_dir_lock
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/save_dir_lock_test.sh $<TARGET_FILE:zero3>
+                   ${CMAKE_CURRENT_LIST_DIR}/../../configs ${ZERO3_MPIEXEC} ${ZERO3_MPIEXEC_FLAGS})
+  set_tests_properties(mpi.save_dir_lock PROPERTIES LABELS "mpi" TIMEOUT 300)
+endif()

@@ -17,3 +17,7 @@ endif()
 # The safetensors reader (zero3/ckpt/safetensors.hpp) over files written byte by byte here: dtypes read back,
 # ranged reads, sharded checkpoints with an index, and every malformed header named by file and tensor.
 zero3_unit_test(safetensors_reader SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_safetensors_reader.cpp LIBS zero3_ckpt)
+
+# The save directory's lock (zero3/ckpt/save_dir_lock.hpp): a second holder refused with the first named,
+# the lock released when its holder goes away or is killed.
+zero3_unit_test(save_dir_lock SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_save_dir_lock.cpp LIBS zero3_checkpointer)

@@ -27,6 +27,7 @@
 
 #include "commands.hpp"
 #include "train_config.hpp"
+#include "zero3/ckpt/save_dir_lock.hpp"
 #include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
@@ -141,6 +142,11 @@ void write_profile(const std::filesystem::path& dir, const comm::World& world, t
 
 void train_job(const TrainOptions& o, const comm::World& world, const std::shared_ptr<LastStep>& last_step) {
   const config::Config cfg = load_train_config(o.job, world.size, world.source);
+  // MPI starts here rather than inside the trainer: the save directory is locked for this job before the
+  // trainer (or anything else) writes into it, and every rank learns of a refusal together.
+  const std::shared_ptr<comm::Bootstrap> bootstrap = comm::make_mpi_bootstrap(world);
+  std::optional<ckpt::SaveDirLock> save_dir_lock;
+  if (!o.save_dir.empty()) save_dir_lock = ckpt::lock_save_dir(*bootstrap, o.save_dir);
   if (!o.profile_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.profile_dir, ec);
@@ -168,8 +174,8 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
       .checkpoint_staging_bytes = o.save_dir.empty() ? 0 : trainer_options(o, cfg).checkpoint.staging_bytes};
   if (o.device_memory_gb) check.device_memory_bytes = static_cast<std::uint64_t>(*o.device_memory_gb * (1 << 30));
   train::UnitTrainer unit_trainer(
-      cfg, world, nullptr, [&](Device& device) { return models::make_train_model(ms, device); }, check);
-  // After MPI start-up (inside UnitTrainer), which may install handlers of its own; a signal before
+      cfg, world, bootstrap, [&](Device& device) { return models::make_train_model(ms, device); }, check);
+  // After MPI start-up (make_mpi_bootstrap above), which may install handlers of its own; a signal before
   // this point ends the rank as it always did, with no step lost.
   train::clear_stop_request();
   train::StopSignals stop_signals({.rank = world.rank});
@@ -246,6 +252,10 @@ void run_train(const TrainOptions& o) {
     train_job(o, world, last_step);
   } catch (const CLI::RuntimeError&) {
     throw;  // the preempted run's exit status
+  } catch (const ckpt::SaveDirInUse& e) {
+    // Not an event: the run directory may be the other job's save directory, and its events are its own.
+    if (rank == 0) log::error("{}", e.what());
+    throw CLI::RuntimeError(2);
   } catch (const std::exception& e) {
     const bool config_error = dynamic_cast<const ConfigError*>(&e) != nullptr;
     if (config_error && rank != 0) {
