@@ -5,8 +5,9 @@
 # (missing token file, token id >= vocab, unknown model field, context longer than the data) is a clear
 # error and a non-zero exit; the MLP quick job reaches the floor; wall_clock_breakdown's step split adds up
 # and leaves the numbers alone; `zero3-bench train` runs; stage3_gather_16bit_weights_on_model_save writes
-# model.safetensors into each checkpoint; under mpirun's default binding (each rank bound to a core) no rank
-# starts more compute threads than its CPU mask has (oneTBB would warn).
+# model.safetensors into each checkpoint; the start-up line gives the job's shape; under mpirun's default
+# binding (each rank bound to a core) no rank starts more compute threads than its CPU mask has (oneTBB
+# would warn).
 # Usage: train_cli_test.sh ZERO3_BINARY ZERO3_BENCH_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -u
 zero3="$1"
@@ -36,6 +37,9 @@ for k in ("step", "loss", "heldout_loss", "entropy_floor", "lr", "grad_norm", "l
     assert k in last, k
 sys.exit(0 if 0.0 <= gap <= 0.1 else 1)
 PY
+
+grep -q "job: 2 rank(s) on 1 node(s), 2 on this node (.*); world from mpirun" "$tmp/tiny.out" ||
+  fail "no start-up line with the job's shape: $(head -n 5 "$tmp/tiny.out")"
 
 # 1b. mpirun's default binding: a core per rank (the test flags say --bind-to none; here it is left out).
 bound_flags=()

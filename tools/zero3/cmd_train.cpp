@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -140,11 +141,26 @@ void write_profile(const std::filesystem::path& dir, const comm::World& world, t
   if (!out) throw Error(fmt::format("--profile {}: cannot write memory.json", dir.string()));
 }
 
+// The job's shape as the ranks see it, printed by rank 0 at start-up: how many ranks, on how many nodes
+// (the ranks the launcher made local rank 0), how many share rank 0's node, and where the launcher's world
+// came from. A job launched on the wrong hosts or with the wrong --ntasks-per-node shows it here before it
+// trains.
+void log_job_shape(comm::Bootstrap& bootstrap, const comm::World& world) {
+  const std::vector<std::int32_t> local_ranks = comm::all_gather_values<std::int32_t>(bootstrap, world.local_rank);
+  const auto nodes = std::count(local_ranks.begin(), local_ranks.end(), 0);
+  if (world.rank != 0) return;
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) != 0) host = {'?'};
+  log::info("job: {} rank(s) on {} node(s), {} on this node ({}); world from {}", world.size, nodes, world.local_size,
+            host.data(), world.source);
+}
+
 void train_job(const TrainOptions& o, const comm::World& world, const std::shared_ptr<LastStep>& last_step) {
   const config::Config cfg = load_train_config(o.job, world.size, world.source);
   // MPI starts here rather than inside the trainer: the save directory is locked for this job before the
   // trainer (or anything else) writes into it, and every rank learns of a refusal together.
   const std::shared_ptr<comm::Bootstrap> bootstrap = comm::make_mpi_bootstrap(world);
+  log_job_shape(*bootstrap, world);
   std::optional<ckpt::SaveDirLock> save_dir_lock;
   if (!o.save_dir.empty()) save_dir_lock = ckpt::lock_save_dir(*bootstrap, o.save_dir);
   if (!o.profile_dir.empty()) {
