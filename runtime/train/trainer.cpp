@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <utility>
 
 #include "zero3/ckpt/checkpoint.hpp"
@@ -297,12 +298,15 @@ TrainSummary Trainer::run() {
         continue;
       }
       report_saves(checkpointer_->poll());  // an async save whose writes finished: commit it
-      if (stop_agreed(done)) break;         // saved below, synchronously
-      maybe_save(done, false);
+      const bool stop = stop_agreed(done);  // saved below, synchronously
+      if (!stop) maybe_save(done, false);
+      // The stop step is logged too: the metrics of the state the checkpoint holds, where a resumed run's
+      // records begin after it.
       const bool last = done == options_.steps;
-      if (last || (options_.log_interval > 0 && done % options_.log_interval == 0)) {
+      if (stop || last || (options_.log_interval > 0 && done % options_.log_interval == 0)) {
         log_interval(done, last_result_, loss, window);
       }
+      if (stop) break;
     }
     // The run ends with a checkpoint of its final state (also when a resumed run had nothing left to do).
     const Clock::time_point save_start = Clock::now();
@@ -327,6 +331,17 @@ TrainSummary Trainer::run() {
     throw;
   }
   summary_.wall_s = seconds_since(start);
+  if (summary_.preempted && !options_.save_dir.empty() && !summary_.preempted->checkpoint) {
+    // The run stopped early and its state is lost: saying that training completed would be false.
+    const Preemption& p = *summary_.preempted;
+    throw CheckpointError(fmt::format(
+        "stopped on {} after step {} of {}, but its checkpoint could not be saved (see above): the steps since "
+        "the last checkpoint are lost; {}",
+        stop_reason_name(p.reason), p.step, options_.steps,
+        std::filesystem::exists(std::filesystem::path(options_.save_dir) / "latest")
+            ? "resuming continues from the previous checkpoint, which `latest` still names"
+            : "there is no earlier checkpoint to resume from"));
+  }
   if (summary_.failed_saves > 0) {
     throw CheckpointError(
         fmt::format("{} checkpoint save(s) failed (see above); training itself completed", summary_.failed_saves));

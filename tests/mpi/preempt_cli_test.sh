@@ -12,7 +12,10 @@
 #   5. a fatal error (a resume from a missing checkpoint): exit 1, a train_failed event in the default run
 #      directory (./zero3-run), and the alert command got it;
 #   6. SIGTERM to every rank, again and again for 0.8 s (within the repeat window), from the moment the run
-#      printed its final report: the ranks still shut down the engine and MPI then, and the run exits 0.
+#      printed its final report: the ranks still shut down the engine and MPI then, and the run exits 0;
+#   7. a full disk (a small tmpfs, where it can be mounted) under the preemption save: exit 1, and the error
+#      says the run stopped early with its checkpoint lost, not that training completed.
+# In 1 and 2 the stop step's metrics record is the last one written.
 # Usage: preempt_cli_test.sh ZERO3_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -u
 zero3="$(realpath "$1")"
@@ -111,6 +114,9 @@ preempt() {
   tag="$(cat "$d/latest" 2>/dev/null)"
   local stop="${tag#global_step}"
   [[ -n "$tag" && "$stop" -ge "$at" && "$stop" -lt "$steps" ]] || { fail "$name: latest '$tag' after step $at"; return; }
+  local logged
+  logged="$(tail -n 1 "$tmp/$name.jsonl" | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["step"])')"
+  [[ "$logged" == "$stop" ]] || fail "$name: the last metrics record is step $logged, not the stop step $stop"
   grep -q "preempted: stopped on .* after step $stop of $steps; checkpoint" "$tmp/$name.out" ||
     fail "$name: no 'preempted' line"
   has_event "$d/events.jsonl" preempt_requested "stops after step $stop" || fail "$name: no preempt_requested event"
@@ -196,6 +202,25 @@ finish
 code=$?
 [[ $code -eq 0 ]] || fail "finished: SIGTERM after the final report gave exit $code, not 0: $(tail -n 3 "$tmp/finished.out")"
 echo "signals after the final report: exit $code"
+
+# 7. The preemption save on a full disk.
+steps=300
+mkdir -p "$tmp/full"
+if mount -t tmpfs -o size=64k tmpfs "$tmp/full" 2>/dev/null; then
+  start fullsave --save-dir "$tmp/full/ckpt" --run-dir "$tmp/full-run" --metrics "$tmp/fullsave.jsonl"
+  wait_for_step "$tmp/fullsave.jsonl" 20 || fail "fullsave: step 20 not reached"
+  for pid in $(ranks); do kill -TERM "$pid"; done
+  finish
+  code=$?
+  [[ $code -eq 1 ]] || fail "fullsave: exit $code, not 1"
+  grep -q "stopped on SIGTERM after step [0-9]* of $steps, but its checkpoint could not be saved" "$tmp/fullsave.out" ||
+    fail "fullsave: no error saying the stop's checkpoint was lost: $(tail -n 3 "$tmp/fullsave.out")"
+  if grep -q "training itself completed" "$tmp/fullsave.out"; then fail "fullsave: claims training completed"; fi
+  umount "$tmp/full"
+  echo "preemption save on a full disk: exit $code, the lost checkpoint named"
+else
+  echo "preemption save on a full disk: skipped (cannot mount a tmpfs here)"
+fi
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures failure(s)"
