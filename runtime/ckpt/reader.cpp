@@ -3,6 +3,7 @@
 // verifying each chunk's hash and converting its dtype, and the full verification of every file.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -280,7 +281,46 @@ void CheckpointReader::read(std::string_view param, std::string_view kind, std::
   }
 }
 
+namespace {
+
+// The first element of [0, numel) that no run holds, or numel when they cover it all.
+std::uint64_t first_gap(const detail::Runs& r, std::uint64_t numel) {
+  std::uint64_t pos = 0;
+  for (const detail::Runs::Run& run : r.runs) {  // sorted by first element
+    if (run.first > pos) return pos;
+    pos = std::max(pos, run.end);
+  }
+  return std::min(pos, numel);
+}
+
+}  // namespace
+
+// Every param's values, and each optimizer kind the checkpoint has of it, cover the whole param: a load or
+// an export of a checkpoint with a gap would fail (or, worse, be told nothing), so the check that promises
+// a usable checkpoint refuses it too.
+void CheckpointReader::verify_coverage() const {
+  for (const ParamInfo& p : manifest_.params) {
+    const std::uint64_t numel = p.numel();
+    if (numel == 0) continue;
+    if (index_->find(p.name, "param") == nullptr) {
+      throw CheckpointError(fmt::format("{}: no chunk holds the values of param \"{}\" (shape [{}])", dir_.string(),
+                                        p.name, fmt::join(p.shape, ", ")));
+    }
+    const auto it = index_->runs.find(p.name);
+    for (const auto& [kind, runs] : it->second) {
+      const std::uint64_t gap = first_gap(runs, numel);
+      if (gap < numel) {
+        throw CheckpointError(
+            fmt::format("{}: the chunks of {}/{} do not cover its shape [{}] ({} elements): no chunk "
+                        "holds element {}",
+                        dir_.string(), p.name, kind, fmt::join(p.shape, ", "), numel, gap));
+      }
+    }
+  }
+}
+
 void CheckpointReader::verify_all() const {
+  verify_coverage();
   std::vector<std::byte> buf;
   for (const FileSummary& file : manifest_.files) {
     const fs::path path = dir_ / file.name;

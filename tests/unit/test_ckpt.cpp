@@ -347,6 +347,42 @@ TEST_CASE("ckpt: read errors name the param, the kind and the range", "[ckpt]") 
                         Equals((gap_dir / "g").string() +
                                ": layers.0.ln.bias/master elements [5, 25) are not all in the checkpoint (no chunk "
                                "holds element 10)"));
+    // `zero3 ckpt info` verifies with verify_all(): it refuses what a load or an export would refuse.
+    REQUIRE_THROWS_WITH(
+        g.verify_all(),
+        Equals((gap_dir / "g").string() + ": no chunk holds the values of param \"layers.0.ln.bias\" (shape [37])"));
+  }
+
+  SECTION("verify_all refuses chunks that leave part of a param's shape uncovered") {
+    ScratchDir gap_dir;
+    ckpt::prepare_staging(gap_dir.path(), "g");
+    const auto& p = by_name(model, "layers.0.ln.bias");
+    ckpt::Manifest m;
+    m.tag = "g";
+    m.params.push_back(p.info());
+    ckpt::RankFileWriter w(ckpt::staging_dir(gap_dir.path(), "g"), 0);
+    w.append(p.name, "param", p.dtype, 0, 37, p.bytes("param"));
+    const auto bytes = p.bytes("master");
+    w.append(p.name, "master", DType::f32, 0, 10, bytes.subspan(0, 40));
+    w.append(p.name, "master", DType::f32, 20, 17, bytes.subspan(80, 68));
+    m.files.push_back(w.finish());
+    ckpt::commit(gap_dir.path(), m);
+    const ckpt::CheckpointReader g(gap_dir.path());
+    REQUIRE_THROWS_WITH(g.verify_all(), Equals((gap_dir / "g").string() +
+                                               ": the chunks of layers.0.ln.bias/master do not cover its shape [37] "
+                                               "(37 elements): no chunk holds element 10"));
+    // The same checkpoint whole verifies.
+    ScratchDir whole_dir;
+    ckpt::prepare_staging(whole_dir.path(), "w");
+    m.tag = "w";
+    m.files.clear();
+    ckpt::RankFileWriter ww(ckpt::staging_dir(whole_dir.path(), "w"), 0);
+    ww.append(p.name, "param", p.dtype, 0, 37, p.bytes("param"));
+    ww.append(p.name, "master", DType::f32, 0, 20, bytes.subspan(0, 80));
+    ww.append(p.name, "master", DType::f32, 10, 27, bytes.subspan(40, 108));
+    m.files.push_back(ww.finish());
+    ckpt::commit(whole_dir.path(), m);
+    ckpt::CheckpointReader(whole_dir.path()).verify_all();
   }
 }
 

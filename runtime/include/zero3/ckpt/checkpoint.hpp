@@ -152,10 +152,13 @@ class CheckpointReader {
   const std::filesystem::path& dir() const { return dir_; }
   const ParamInfo* find_param(std::string_view name) const;
 
-  // Reads every file whole (streaming, bounded memory) and checks its size and xxh64, and every chunk's
-  // hash. Throws CheckpointError naming the first bad file ("rank_00001.bin: size 1234, manifest says
-  // 5678" / "checksum mismatch").
+  // Checks that every param's values, and each optimizer kind the checkpoint holds of it, are covered by
+  // its chunks whole; then reads every file whole (streaming, bounded memory) and checks its size and
+  // xxh64, and every chunk's hash. Throws CheckpointError naming the param, kind and first missing element,
+  // or the first bad file ("rank_00001.bin: size 1234, manifest says 5678" / "checksum mismatch").
   void verify_all() const;
+  // The coverage part of verify_all() alone (reads no file).
+  void verify_coverage() const;
 
   // Elements [first, first + count) of (param, kind), converted to `out_dtype` (f32, bf16 or f16) into
   // `out` (count * size_of(out_dtype) bytes). Reads only the chunks that overlap, with pread, verifying
