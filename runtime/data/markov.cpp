@@ -173,21 +173,33 @@ void MarkovSource::solve_stationary() {
 
 // H(P(.|s)) over the whole vocabulary: the m successors have q = (1 - mix) p + mix / V, the other V - m
 // tokens q = mix / V each; summed in closed form so the cost is O(m) per state, not O(V).
+// The second moment sum_x q log^2 q the same way, for the varentropy.
 void MarkovSource::compute_entropy_rate() {
   const double uniform_share = uniform_mix_ / static_cast<double>(vocab_size_);
   const double others = static_cast<double>(vocab_size_ - successors_);
-  const double others_entropy = uniform_share > 0.0 ? -others * uniform_share * std::log(uniform_share) : 0.0;
+  const double log_share = uniform_share > 0.0 ? std::log(uniform_share) : 0.0;
+  const double others_entropy = -others * uniform_share * log_share;
+  const double others_square = others * uniform_share * log_share * log_share;
   double rate = 0.0;
+  double second_moment = 0.0;
   for (std::int64_t s = 0; s < num_states_; ++s) {
     const double* probs = successor_probs_.data() + s * successors_;
     double h = others_entropy;
+    double m2 = others_square;
     for (std::int64_t j = 0; j < successors_; ++j) {
       const double q = (1.0 - uniform_mix_) * probs[j] + uniform_share;
-      if (q > 0.0) h -= q * std::log(q);
+      if (q > 0.0) {
+        const double l = std::log(q);
+        h -= q * l;
+        m2 += q * l * l;
+      }
     }
     rate += stationary_[static_cast<std::size_t>(s)] * h;
+    second_moment += stationary_[static_cast<std::size_t>(s)] * m2;
   }
   entropy_rate_ = rate;
+  varentropy_ = std::max(0.0, second_moment - rate * rate);
+  floor_loss_sd_ = std::sqrt(varentropy_);
 }
 
 std::int64_t MarkovSource::heldout_segments(std::int64_t total_segments) const {

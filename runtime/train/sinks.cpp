@@ -222,14 +222,21 @@ void CsvMonitor::write(const std::string& name, double value, std::int64_t sampl
   started_.insert(file);
 }
 
+double EntropyFloorCheck::margin(const LogEvent& e) const {
+  return std::max(min_margin_, z_ * e.entropy_floor_se.value_or(0.0));
+}
+
 void EntropyFloorCheck::on_log(const LogEvent& e) {
   // A NaN compares below nothing: a non-finite held-out loss is a diverged model, which the trainer reports
   // as such at the end of the run, not a model that sees the future.
-  if (!e.entropy_floor || !std::isfinite(e.heldout_loss) || e.heldout_loss >= *e.entropy_floor - margin_) return;
+  const double allowed = margin(e);
+  if (!e.entropy_floor || !std::isfinite(e.heldout_loss) || e.heldout_loss >= *e.entropy_floor - allowed) return;
   throw Error(fmt::format(
-      "step {}: held-out loss {:.4f} is below the data's entropy floor {:.4f} nats/token; no model can do that on "
-      "unseen data, so the model sees what it should not (a future token?)",
-      e.step, e.heldout_loss, *e.entropy_floor));
+      "step {}: held-out loss {:.4f} is below the data's entropy floor {:.4f} nats/token by {:.4f}, more than the "
+      "measurement's margin {:.4f} ({} x its standard error {:.4f}, at least {}); no model can do that on unseen "
+      "data, so the model sees what it should not (a future token?)",
+      e.step, e.heldout_loss, *e.entropy_floor, *e.entropy_floor - e.heldout_loss, allowed, z_,
+      e.entropy_floor_se.value_or(0.0), min_margin_));
 }
 
 }  // namespace zero3::train

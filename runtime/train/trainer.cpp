@@ -267,6 +267,7 @@ void Trainer::log_interval(std::int64_t done, const StepResult& r, double loss, 
     }
   }
   e.entropy_floor = data_.entropy_floor();
+  e.entropy_floor_se = data_.entropy_floor_se();
   summary_.heldout_loss = e.heldout_loss;
   notify([&](TrainObserver& o) { o.on_log(e); });
   window = Window{};

@@ -72,6 +72,31 @@ TEST_CASE("markov: the stationary distribution satisfies pi = pi P (brute force 
   for (std::size_t s = 0; s < pi.size(); ++s) REQUIRE(pushed[s] == Approx(pi[s]).margin(1e-11));
 }
 
+TEST_CASE("markov: the varentropy matches the variance of -log P over 1e6 tokens", "[data][markov]") {
+  for (const std::int64_t order : {1, 2}) {
+    const MarkovSource chain(MarkovOptions{.vocab_size = 16, .markov_order = order, .seed = 5});
+    const auto tokens = chain.generate(7, 1'000'000);
+    const auto k = static_cast<std::size_t>(chain.order());
+    double sum = 0.0;
+    double sum_sq = 0.0;
+    for (std::size_t t = k; t < tokens.size(); ++t) {
+      const double l =
+          -std::log(chain.transition_probability(std::span<const TokenId>(tokens.data() + t - k, k), tokens[t]));
+      sum += l;
+      sum_sq += l * l;
+    }
+    const double n = static_cast<double>(tokens.size() - k);
+    const double variance = sum_sq / n - (sum / n) * (sum / n);
+    WARN("order " << order << ": varentropy " << chain.varentropy() << ", empirical " << variance);
+    REQUIRE(chain.varentropy() > 0.1);
+    REQUIRE(std::abs(variance - chain.varentropy()) < 0.03 * chain.varentropy());
+    REQUIRE(chain.floor_loss_sd().value() == Approx(std::sqrt(chain.varentropy())));
+  }
+  // Uniform tokens: every token costs log V, no spread.
+  const MarkovSource uniform(MarkovOptions{.vocab_size = 10, .markov_order = 1, .seed = 3, .uniform_mix = 1.0});
+  REQUIRE(uniform.varentropy() == Approx(0.0).margin(1e-9));
+}
+
 TEST_CASE("markov: a deterministic chain has entropy rate 0 and a uniform one log(vocab)", "[data][markov]") {
   const MarkovSource deterministic(
       MarkovOptions{.vocab_size = 7, .markov_order = 2, .seed = 3, .successors_per_state = 1, .uniform_mix = 0.0});

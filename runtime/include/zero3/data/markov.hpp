@@ -49,11 +49,15 @@ class MarkovSource final : public TokenSource {
   std::int64_t num_samples(Split split, std::int64_t context_len) const override;
   void tokens(Split split, std::int64_t sample_index, std::int64_t context_len, std::span<TokenId> out) const override;
   std::optional<double> entropy_floor() const override { return entropy_rate_; }
+  std::optional<double> floor_loss_sd() const override { return floor_loss_sd_; }
   std::string describe() const override;
 
   // The exact entropy rate H = sum_s pi(s) H(P(.|s)) in nats/token: the expected loss of the best possible
   // model on a long sequence from the chain.
   double entropy_rate() const { return entropy_rate_; }
+  // The stationary chain's varentropy: Var[-log P(x_t | state)] = sum_s pi(s) sum_x P(x|s) log^2 P(x|s) - H^2,
+  // the per-token variance of the best model's loss.
+  double varentropy() const { return varentropy_; }
   // pi(s), indexed by state (the last k tokens read as base-vocab digits, oldest most significant).
   std::span<const double> stationary() const { return stationary_; }
   // Power iterations the stationary solve took and its final L1 change.
@@ -90,6 +94,8 @@ class MarkovSource final : public TokenSource {
   std::vector<double> stationary_cdf_;     // running sum of pi, for drawing a start state
   int stationary_iterations_ = 0;
   double entropy_rate_ = 0.0;
+  double varentropy_ = 0.0;
+  double floor_loss_sd_ = 0.0;
 };
 
 }  // namespace zero3::data

@@ -34,6 +34,10 @@ class TokenSource {
   // The lowest achievable expected loss in nats/token, when the source knows it (the Markov chain's entropy
   // rate); nullopt for real data.
   virtual std::optional<double> entropy_floor() const { return std::nullopt; }
+  // The standard deviation of the best model's per-token loss -log P(next | past) around that floor (the
+  // square root of the source's varentropy), when known: how far the loss of a finite sample can fall below
+  // the floor by chance.
+  virtual std::optional<double> floor_loss_sd() const { return std::nullopt; }
   // One line for logs: what the source is and its sizes.
   virtual std::string describe() const = 0;
 };

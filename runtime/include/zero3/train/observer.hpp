@@ -38,6 +38,7 @@ struct LogEvent {
   double train_loss = 0.0;    // mean over the ranks of their last step's loss
   double heldout_loss = 0.0;  // over the whole held-out set
   std::optional<double> entropy_floor;
+  std::optional<double> entropy_floor_se;  // the held-out measurement's standard error at the floor
   StepResult result;
   double tokens_per_s = 0.0;  // of the steps since the last log line, held-out pass excluded
   bool timed = false;         // wall_clock_breakdown: `split` holds the mean step split since the last line

@@ -76,16 +76,27 @@ class CsvMonitor final : public TrainObserver {
 // (MiB), and the two largest device categories.
 std::string memory_phase_lines(const std::vector<MemoryTracker::PhaseStats>& phases);
 
-// A held-out loss below the data's entropy floor by more than the estimate's sampling noise (`margin`
-// nats) means the model sees what it should not (a future token): the run stops with an Error. A non-finite
-// held-out loss is not checked here (a diverged model; the trainer reports it when the run ends).
+// A held-out loss below the data's entropy floor by more than the measurement's sampling noise means the
+// model sees what it should not (a future token): the run stops with an Error. The margin is the larger of
+// `min_margin` nats and `z` standard errors of the held-out measurement at the floor
+// (LogEvent::entropy_floor_se): the loss of a finite held-out sample of even the best possible model falls
+// below the floor by chance, about one standard error in six samples; beyond 5 of them it happens with
+// probability below 3e-7 per measurement under the normal approximation. A non-finite held-out loss is not
+// checked here (a diverged model; the trainer reports it when the run ends).
 class EntropyFloorCheck final : public TrainObserver {
  public:
-  explicit EntropyFloorCheck(double margin = 0.05) : margin_(margin) {}
+  static constexpr double kMinMargin = 0.05;
+  static constexpr double kStandardErrors = 5.0;
+
+  explicit EntropyFloorCheck(double min_margin = kMinMargin, double z = kStandardErrors)
+      : min_margin_(min_margin), z_(z) {}
+  // The margin below the floor that `e`'s held-out loss may reach.
+  double margin(const LogEvent& e) const;
   void on_log(const LogEvent& e) override;
 
  private:
-  double margin_;
+  double min_margin_;
+  double z_;
 };
 
 }  // namespace zero3::train

@@ -39,6 +39,9 @@ class TrainData {
   virtual std::int64_t predictions_per_window() const = 0;
   // The lowest loss any model can reach on this data, when known (a synthetic source's entropy rate).
   virtual std::optional<double> entropy_floor() const { return std::nullopt; }
+  // The standard error of a held-out measurement of the best possible model around that floor: the source's
+  // per-token loss deviation over the square root of the held-out tokens (treated as independent), when known.
+  virtual std::optional<double> entropy_floor_se() const { return std::nullopt; }
   // Where the data stream stands after `steps` optimizer steps, saved in a checkpoint's trainer state;
   // check_resume() is given what a checkpoint saved and warns (log) when this stream differs.
   virtual nlohmann::json position(std::int64_t steps) const = 0;
@@ -71,6 +74,7 @@ class TokenWindows final : public TrainData {
   std::int64_t heldout_windows() const override { return heldout_total_; }
   std::int64_t predictions_per_window() const override { return options_.predictions_per_window; }
   std::optional<double> entropy_floor() const override { return source_->entropy_floor(); }
+  std::optional<double> entropy_floor_se() const override;
   nlohmann::json position(std::int64_t steps) const override;
   void check_resume(const nlohmann::json& saved, std::int64_t step) const override;
   std::string describe() const override { return source_->describe(); }
