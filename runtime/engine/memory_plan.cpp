@@ -247,8 +247,10 @@ class Planner {
           fmt::format("{} {} optimizer states, {}", states, dtype_name(storage.state), where));
       const std::uint64_t staging = t.at(kind, MemCategory::staging);
       add(kind, MemCategory::staging, staging,
-          staging <= 2 * sizeof(float)
-              ? "the offloaded statistics' scalars"
+          staging <= 2 * sizeof(float) ? "the offloaded statistics' scalars"
+          : nvme_params_
+              ? "the CPU step's new params (written to the params file slice by slice) and the gradient staging "
+                "slots"
               : "the CPU step's new params (copied to the device slice by slice) and the gradient staging slots");
       add(kind, MemCategory::workspace, t.at(kind, MemCategory::workspace), "the offloaded statistics' scalars");
     }

@@ -68,6 +68,13 @@ void check_buffers(const config::Config& config, const Layout& layout) {
   }
 }
 
+// The directory of the params file, once the read buffers are known to be usable: checked before the
+// rank directory is claimed, so a bad buffer setting leaves nothing on the disk.
+const std::string& checked_nvme_path(const config::Config& config, const Layout& layout) {
+  check_buffers(config, layout);
+  return *config.zero.offload_param.nvme_path;
+}
+
 }  // namespace
 
 std::size_t nvme_params_kept_elems(const config::Config& config, const Layout& layout) {
@@ -112,7 +119,7 @@ NvmeParams::NvmeParams(const config::Config& config, const Layout& layout, Devic
                        DType dtype, int rank)
     : count_(layout.param_shard_count),
       dtype_(dtype),
-      dir_((check_buffers(config, layout), *config.zero.offload_param.nvme_path), rank),
+      dir_(checked_nvme_path(config, layout), rank),
       queue_(nvme_aio_options(config)) {
   if (layout.param_shard_count > 0) {
     file_.emplace(fmt::format("{}/params.{}", dir_.path(), dtype_name(dtype)), layout.param_shard_count, dtype);
