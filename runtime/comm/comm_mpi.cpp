@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include "flight_recorder.hpp"
@@ -594,6 +597,11 @@ void MpiCommunicator::execute(MpiOp& op, const std::function<void()>& body) {
   std::string error;
   try {
     if (desync_check_) check_in_step(op.info, record);
+    if (record && fault::fire(fault::Kind::stall_in_collective, rank(), record->step)) {
+      // Long enough for the watchdog to publish that this rank entered (it publishes every poll interval).
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      ::raise(SIGSTOP);
+    }
     if (record && fault::fire(fault::Kind::mpi_error, rank(), record->step)) {
       throw CommError(
           fmt::format("MPI_ERR_OTHER: known error not in list (MPI error 16), injected by ZERO3_FAULT "

@@ -13,8 +13,8 @@
 namespace zero3::comm::fault {
 
 namespace {
-constexpr Kind kKinds[] = {Kind::stall,     Kind::skip_gather,   Kind::extra_micro_batch, Kind::extra_collective,
-                           Kind::mpi_error, Kind::kill_in_update};
+constexpr Kind kKinds[] = {Kind::stall,     Kind::skip_gather,    Kind::extra_micro_batch,  Kind::extra_collective,
+                           Kind::mpi_error, Kind::kill_in_update, Kind::stall_in_collective};
 
 std::int64_t parse_int(std::string_view value, std::string_view key, std::string_view text, std::string_view source) {
   std::int64_t v = 0;
@@ -43,6 +43,8 @@ std::string_view kind_name(Kind kind) {
       return "mpi_error";
     case Kind::kill_in_update:
       return "kill_in_update";
+    case Kind::stall_in_collective:
+      return "stall_in_collective";
   }
   return "?";
 }
@@ -57,7 +59,7 @@ Spec parse(std::string_view text, std::string_view source) {
   if (spec.kind == Kind::none) {
     throw ConfigError(
         fmt::format("{}='{}': unknown fault '{}'; expected stall, skip_gather, extra_micro_batch, extra_collective, "
-                    "mpi_error or kill_in_update",
+                    "mpi_error, kill_in_update or stall_in_collective",
                     source, text, kind));
   }
   bool more = colon != std::string_view::npos;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fault injection through `zero3 train` at 2 ranks (ZERO3_FAULT, runtime/include/zero3/comm/fault.hpp): a
-# rank that stops (SIGSTOP; rank 1, and rank 0, which serves the progress store), an injected MPI error, a skipped gather, an extra micro-batch, a collective
+# rank that stops (SIGSTOP; rank 1, and rank 0, which serves the progress store; rank 1 inside a collective it
+# entered, which the launcher's SIGCONT wakes before the kill), an injected MPI error, a skipped gather, an
+# extra micro-batch, a collective
 # issued by one rank only; each with and without the desync guard where it matters. Every case must end
 # the job with a non-zero exit within zero3.comm.timeout_s + 30 s, with a report that names the op, the
 # unit, the step and the missing (or failing) rank, and `zero3 debug flight` on the ranks' dumps must name
@@ -40,8 +42,9 @@ done
 # case name | ZERO3_FAULT | guard | what the report must say (grep -E patterns, all, ~-separated) | what
 # `zero3 debug flight` must say
 cases=(
-  "stall|stall:rank=1:step=3|false|did not complete within ${timeout_s} s~all_gather #[0-9]+ .*gather unit embed, step 3~missing: rank 1|^rank 1 never entered all_gather #[0-9]+ \(unit embed, step 3, micro-batch 0\)"
-  "stall_rank0|stall:rank=0:step=3|false|did not complete within ${timeout_s} s~all_gather #[0-9]+ .*gather unit embed, step 3~missing: rank 0~the progress store on rank 0 does not answer: rank 0 is the missing one|^rank 0 never entered all_gather #[0-9]+ \(unit embed, step 3, micro-batch 0\)"
+  "stall|stall:rank=1:step=3|false|did not complete within ${timeout_s} s~all_gather #[0-9]+ .*gather unit embed, step 3~missing: rank 1|^rank 1 (never entered|stalled first: stopped .* before entering) all_gather #[0-9]+ \(unit embed, step 3, micro-batch 0\)"
+  "stall_in_collective|stall_in_collective:rank=1:step=3|false|did not complete within ${timeout_s} s~missing: rank 1~rank 1 entered all_gather #[0-9]+ but has been silent for|^rank 1 (never entered|stalled first: stopped .* while in) all_gather #[0-9]+ \(unit embed, step 3, micro-batch 0\)"
+  "stall_rank0|stall:rank=0:step=3|false|did not complete within ${timeout_s} s~all_gather #[0-9]+ .*gather unit embed, step 3~missing: rank 0~the progress store on rank 0 does not answer: rank 0 is the missing one|^rank 0 (never entered|stalled first: stopped .* before entering) all_gather #[0-9]+ \(unit embed, step 3, micro-batch 0\)"
   "mpi_error|mpi_error:rank=1:step=3|false|rank 1: all_gather #[0-9]+ .*injected by ZERO3_FAULT~gather unit embed, step 3~job aborted by rank 1|^rank 1's all_gather #[0-9]+ \(unit embed, step 3, micro-batch 0\) failed"
   "skip_gather+guard|skip_gather:rank=1:step=3:unit=2|true|desync guard~rank 0: all_gather #[0-9]+ \([^)]*gather unit blocks.1, step 3~rank 1: all_gather #[0-9]+ \([^)]*gather unit head, step 3|^the ranks issued different collectives as mpi #[0-9]+: rank 0 all_gather #[0-9]+ \(unit blocks.1, step 3, micro-batch 0\); rank 1 all_gather #[0-9]+ \(unit head, step 3"
   "skip_gather|skip_gather:rank=1:step=3:unit=2|false||"
@@ -107,6 +110,11 @@ for entry in "${cases[@]}"; do
       fi
     else
       what="(no report expected: MPI got mismatched sizes) $(grep -Eo 'signal [0-9]+ \([A-Za-z ]+\)|did not complete|MPI_ERR_[A-Z]+' "$dir/out.txt" | head -n 1)"
+    fi
+    # The stopped rank, woken, must not blame the rank that reported it.
+    if [[ "$name" == stall_in_collective ]] && grep -Eq "rank 1: .*missing: rank 0" "$dir/out.txt"; then
+      fail "$name #$trial: rank 1 blames rank 0: $(grep -E "rank 1: .*missing: rank 0" "$dir/out.txt" | head -n 1)"
+      ok=0
     fi
     printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$elapsed" "$ok" "$what" >>"$rows"
     [ "$ok" -eq 1 ] || { echo "--- $name #$trial output:"; tail -n 25 "$dir/out.txt"; }

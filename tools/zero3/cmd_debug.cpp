@@ -1,8 +1,11 @@
 // `zero3 debug flight DIR`: merges the ranks' flight records (DIR/rank<R>.json, or DIR/flight/, as the
 // watchdog writes them on a failure) and prints the first divergence in one line, then detail: the
 // first sequence number at which the ranks issued different collectives (a skipped gather shifts every
-// later number), else the collective that failed on a rank, else the oldest collective some rank waited
-// in and the ranks that never entered it. Exit 0 when it found something to say, 1 when the records agree.
+// later number), else the collective that failed on a rank before the first report, else the oldest
+// collective some rank waited in: the rank that was stopped (its watchdog records the suspension) stalled
+// first, else the ranks that never entered it. Then the ranks' reports in the order they were made: the
+// first stands, the later ones follow from it. Exit 0 when it found something to say, 1 when the records
+// agree.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -39,6 +42,8 @@ struct RankRecord {
   int rank = -1;
   int size = 0;
   std::int64_t time_ns = 0;
+  std::int64_t suspended_from_ns = 0;  // the rank's last suspension (SIGSTOP, ...), as its watchdog saw it
+  std::int64_t suspended_to_ns = 0;
   std::string reason;
   std::map<std::string, std::uint64_t> last_started;       // by lane
   std::map<std::string, std::map<std::uint64_t, Op>> ops;  // lane -> seq -> op (the newest of that seq)
@@ -56,6 +61,8 @@ RankRecord load_record(const fs::path& path) {
   r.rank = j.value("rank", -1);
   r.size = j.value("size", 0);
   r.time_ns = j.value("time_ns", std::int64_t{0});
+  r.suspended_from_ns = j.value("suspended_from_ns", std::int64_t{0});
+  r.suspended_to_ns = j.value("suspended_to_ns", std::int64_t{0});
   r.reason = j.value("reason", std::string());
   for (const Json& l : j.value("lanes", Json::array())) {
     r.last_started[l.value("name", std::string())] = l.value("last_started", std::uint64_t{0});
@@ -156,7 +163,7 @@ std::optional<std::string> first_stuck(const std::vector<RankRecord>& recs, int 
   // continued by the launcher's kill) had not entered when it mattered.
   std::int64_t reported_ns = recs.front().time_ns;
   for (const RankRecord& r : recs) reported_ns = std::min(reported_ns, r.time_ns);
-  std::vector<int> waiting, never, no_record, late;
+  std::vector<int> waiting, never, no_record, late, stopped;
   for (int rank = 0; rank < size; ++rank) {
     const auto it = std::find_if(recs.begin(), recs.end(), [&](const RankRecord& r) { return r.rank == rank; });
     if (it == recs.end()) {
@@ -170,7 +177,12 @@ std::optional<std::string> first_stuck(const std::vector<RankRecord>& recs, int 
       const auto op = lane_ops->second.find(oldest->seq);
       if (op != lane_ops->second.end()) mine = &op->second;
     }
-    if (ls == it->last_started.end() || ls->second < oldest->seq) {
+    // Stopped while the first report was being made: this rank stalled, whatever it did on waking.
+    const bool was_stopped =
+        it->suspended_to_ns > 0 && it->suspended_from_ns < reported_ns && it->suspended_to_ns > oldest->started_ns;
+    if (was_stopped) {
+      stopped.push_back(rank);
+    } else if (ls == it->last_started.end() || ls->second < oldest->seq) {
       never.push_back(rank);
     } else if (mine != nullptr && mine->started_ns > reported_ns) {
       never.push_back(rank);
@@ -182,8 +194,34 @@ std::optional<std::string> first_stuck(const std::vector<RankRecord>& recs, int 
   std::vector<int> missing = never;
   missing.insert(missing.end(), no_record.begin(), no_record.end());
   std::sort(missing.begin(), missing.end());
-  std::string line = missing.empty() ? fmt::format("every rank entered {} but it never completed", short_name(*oldest))
-                                     : fmt::format("{} never entered {}", ranks_text(missing), short_name(*oldest));
+  std::string line;
+  if (!stopped.empty()) {
+    const RankRecord& first =
+        *std::min_element(recs.begin(), recs.end(), [&](const RankRecord& a, const RankRecord& b) {
+          const bool sa = std::find(stopped.begin(), stopped.end(), a.rank) != stopped.end();
+          const bool sb = std::find(stopped.begin(), stopped.end(), b.rank) != stopped.end();
+          if (sa != sb) return sa;
+          return a.suspended_from_ns < b.suspended_from_ns;
+        });
+    // Inside the collective when it was stopped, or before it got there.
+    bool inside = false;
+    if (const auto lane_ops = first.ops.find(oldest->lane); lane_ops != first.ops.end()) {
+      const auto op = lane_ops->second.find(oldest->seq);
+      inside = op != lane_ops->second.end() && op->second.started_ns != 0 &&
+               op->second.started_ns <= first.suspended_from_ns;
+    }
+    line = fmt::format(
+        "{} stalled first: stopped from {} for {:.0f} s (no thread of it ran: SIGSTOP, a debugger, a frozen host) "
+        "{} {}",
+        ranks_text(stopped), clock_text(first.suspended_from_ns),
+        static_cast<double>(first.suspended_to_ns - first.suspended_from_ns) / 1e9,
+        inside ? "while in" : "before entering", short_name(*oldest));
+    if (!missing.empty()) line += fmt::format("; {} never entered it", ranks_text(missing));
+  } else if (missing.empty()) {
+    line = fmt::format("every rank entered {} but it never completed", short_name(*oldest));
+  } else {
+    line = fmt::format("{} never entered {}", ranks_text(missing), short_name(*oldest));
+  }
   if (!waiting.empty()) {
     line += fmt::format("; {} waiting since {} ({:.0f} s)", ranks_text(waiting), clock_text(oldest->started_ns),
                         static_cast<double>(reported_ns - oldest->started_ns) / 1e9);
@@ -195,10 +233,14 @@ std::optional<std::string> first_stuck(const std::vector<RankRecord>& recs, int 
 
 std::optional<std::string> first_failed(const std::vector<RankRecord>& recs, std::string& lane_out,
                                         std::uint64_t& seq_out) {
+  // A collective that failed after the first report (a stopped rank woken into a job that is gone) is a
+  // consequence, not the cause.
+  std::int64_t reported_ns = recs.front().time_ns;
+  for (const RankRecord& r : recs) reported_ns = std::min(reported_ns, r.time_ns);
   for (const RankRecord& r : recs) {
     for (const auto& [lane, ops] : r.ops) {
       for (const auto& [seq, op] : ops) {
-        if (!op.failed) continue;
+        if (!op.failed || op.completed_ns > reported_ns) continue;
         lane_out = lane;
         seq_out = seq;
         return fmt::format("rank {}'s {} failed: {}", r.rank, short_name(op), r.reason);
@@ -208,7 +250,22 @@ std::optional<std::string> first_failed(const std::vector<RankRecord>& recs, std
   return std::nullopt;
 }
 
+// The reports in the order they were made: the first one stands; a later one (a rank woken by the
+// launcher's SIGCONT, a rank whose peer was already gone) follows from it.
+void print_reports(const std::vector<RankRecord>& recs) {
+  std::vector<const RankRecord*> order;
+  for (const RankRecord& r : recs) order.push_back(&r);
+  std::sort(order.begin(), order.end(),
+            [](const RankRecord* a, const RankRecord* b) { return a->time_ns < b->time_ns; });
+  fmt::print("reports, first to last:\n");
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    fmt::print("  {} rank {} at {}: {}\n", i == 0 ? "first:" : "later, a consequence:", order[i]->rank,
+               clock_text(order[i]->time_ns), order[i]->reason);
+  }
+}
+
 void print_detail(const std::vector<RankRecord>& recs, const std::string& lane, std::uint64_t seq) {
+  print_reports(recs);
   fmt::print("detail ({} lane, around #{}):\n", lane, seq);
   for (const RankRecord& r : recs) {
     fmt::print("  rank {} (dumped {}): {}\n", r.rank, clock_text(r.time_ns), r.reason);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <ctime>
 #include <fstream>
@@ -51,6 +52,11 @@ struct FailureState {
   bool armed = false;
   bool handling = false;  // a failure is being handled (only one per process)
   bool handled = false;
+  // The last time this process was suspended (no thread of it ran: SIGSTOP, a debugger, a frozen VM), as
+  // the watchdog saw it on waking (wall clock, ns; 0: never). In its flight record, so that the analysis
+  // names the rank that stalled first even when it wrote its record last.
+  std::int64_t suspended_from_ns = 0;
+  std::int64_t suspended_to_ns = 0;
 };
 
 FailureState& state() {
@@ -105,7 +111,7 @@ struct WhoIsMissing {
 };
 
 WhoIsMissing who_is_missing(const flight::Record& op, const std::string& lane, int rank, int size,
-                            ProgressChannel* channel) {
+                            ProgressChannel* channel, double silent_s) {
   WhoIsMissing w;
   w.entered.push_back(rank);  // this rank: it is the one waiting
   if (channel == nullptr) {
@@ -137,6 +143,16 @@ WhoIsMissing who_is_missing(const flight::Record& op, const std::string& lane, i
     std::uint64_t started = 0;
     if (p.is_object() && p.contains("lanes") && p["lanes"].contains(lane) && p["lanes"][lane].is_object()) {
       started = p["lanes"][lane].value("started", std::uint64_t{0});
+    }
+    // A rank that entered but stopped publishing is the stalled one, not a peer waiting like this one:
+    // its watchdog thread publishes every poll interval while the process runs.
+    if (started >= op.seq && peer->age_s > silent_s) {
+      w.missing.push_back(r);
+      w.lines.push_back(
+          fmt::format("rank {} entered {} #{} but has been silent for {:.1f} s: the process is "
+                      "stopped (SIGSTOP, a debugger) or frozen",
+                      r, op.op.view(), op.seq, peer->age_s));
+      continue;
     }
     if (started >= op.seq) {
       w.entered.push_back(r);
@@ -251,8 +267,14 @@ struct Watchdog::Impl {
   std::shared_ptr<LoopProgress> progress = std::make_shared<LoopProgress>();
   bool stop = false;  // guarded by state().mutex
   std::thread thread;
+  std::chrono::steady_clock::time_point last_wake{};  // the watchdog thread's previous wake-up
 
   void run();
+  void note_suspension();
+  // How long a gap in a process's activity must be to count as a suspension (this process) or as a silent
+  // peer (another rank's progress): well above the poll interval and above the descheduling a loaded
+  // machine gives a thread.
+  double silent_s() const { return std::max(5.0, 10.0 * options.poll_interval.count()); }
   void tick();
   void check_deadline();
   void handle_pending(PendingFailure failure);
@@ -270,9 +292,11 @@ void Watchdog::Impl::run() {
     log::error("watchdog: {}", e.what());
   }
   std::unique_lock lock(state().mutex);
+  last_wake = std::chrono::steady_clock::now();
   while (!stop) {
     state().cv.wait_for(lock, options.poll_interval, [&] { return stop || state().pending.has_value(); });
     if (stop) return;
+    note_suspension();
     std::optional<PendingFailure> pending = std::exchange(state().pending, std::nullopt);
     const bool busy = state().handling;
     lock.unlock();
@@ -287,6 +311,19 @@ void Watchdog::Impl::run() {
     }
     lock.lock();
   }
+}
+
+// Called with state().mutex held, at each wake-up: a gap far longer than the poll interval means no thread
+// of this process ran (the steady clock goes on while a process is stopped).
+void Watchdog::Impl::note_suspension() {
+  const auto now = std::chrono::steady_clock::now();
+  const double gap = std::chrono::duration<double>(now - last_wake).count();
+  last_wake = now;
+  if (gap < silent_s()) return;
+  const std::int64_t wall = flight::now_ns();
+  state().suspended_from_ns = wall - static_cast<std::int64_t>(gap * 1e9);
+  state().suspended_to_ns = wall;
+  log::warn("this process was suspended for {:.1f} s (no thread of it ran: SIGSTOP, a debugger, a frozen host)", gap);
 }
 
 void Watchdog::Impl::tick() {
@@ -309,7 +346,26 @@ void Watchdog::Impl::check_deadline() {
   if (waited < deadline || !claim_failure()) return;
   const std::vector<flight::LaneInfo> lanes = flight::Recorder::instance().lanes();
   const std::string what = flight::describe_record(*op, lanes);
-  const WhoIsMissing who = who_is_missing(*op, lane_name(op->lane), rank, size, channel.get());
+  std::int64_t suspended_from = 0;
+  std::int64_t suspended_to = 0;
+  {
+    std::lock_guard lock(state().mutex);
+    suspended_from = state().suspended_from_ns;
+    suspended_to = state().suspended_to_ns;
+  }
+  const double stopped_s = static_cast<double>(suspended_to - std::max(suspended_from, op->started_ns)) / 1e9;
+  if (suspended_to > op->started_ns && waited - stopped_s < deadline) {
+    // The deadline passed while this rank itself was stopped: it is the rank that stalled, and the ranks it
+    // would name (gone, or waiting for it) are not. Its report says so instead of blaming them.
+    const std::string headline = fmt::format(
+        "rank {}: this rank was suspended for {:.1f} s (from {} to {}; no thread of it ran, as under SIGSTOP, a "
+        "debugger or a frozen host) while in {}: the deadline of {:g} s passed while it was stopped, so this rank "
+        "is the one that stalled; the other ranks' reports about this collective follow from it",
+        rank, stopped_s, clock_text(suspended_from), clock_text(suspended_to), what, deadline);
+    run_failure("rank_suspended", headline, op, {}, nullptr, options.grace.count());
+    return;
+  }
+  const WhoIsMissing who = who_is_missing(*op, lane_name(op->lane), rank, size, channel.get(), silent_s());
   std::string headline = fmt::format(
       "rank {}: {} did not complete within {:g} s{}: entered at {} ({:.1f} s ago) by {}; missing: {}", rank, what,
       deadline, long_deadline ? " (the first step's deadline)" : "", clock_text(op->started_ns), waited,
@@ -453,13 +509,18 @@ std::string flight_record_json(std::string_view reason, int rank) {
   const std::vector<flight::LaneInfo> lanes = rec.lanes();
   const std::vector<flight::Record> records = rec.snapshot();
   int size = 1;
+  std::int64_t suspended_from = 0;
+  std::int64_t suspended_to = 0;
   {
     std::lock_guard lock(state().mutex);
     size = state().size;
+    suspended_from = state().suspended_from_ns;
+    suspended_to = state().suspended_to_ns;
   }
-  std::string out =
-      fmt::format("{{\"rank\": {}, \"size\": {}, \"pid\": {}, \"time_ns\": {}, \"reason\": {}, \"lanes\": [", rank,
-                  size, static_cast<long>(::getpid()), flight::now_ns(), json_quoted(reason));
+  std::string out = fmt::format(
+      "{{\"rank\": {}, \"size\": {}, \"pid\": {}, \"time_ns\": {}, \"suspended_from_ns\": {}, \"suspended_to_ns\": "
+      "{}, \"reason\": {}, \"lanes\": [",
+      rank, size, static_cast<long>(::getpid()), flight::now_ns(), suspended_from, suspended_to, json_quoted(reason));
   for (std::size_t i = 0; i < lanes.size(); ++i) {
     out += fmt::format("{}{{\"name\": {}, \"last_started\": {}, \"last_completed\": {}}}", i ? ", " : "",
                        json_quoted(lanes[i].name), lanes[i].last_started, lanes[i].last_completed);

@@ -15,13 +15,15 @@ namespace zero3::comm::fault {
 
 enum class Kind {
   none,
-  stall,              // the rank stops itself (SIGSTOP) at the start of the step
-  skip_gather,        // the rank does not issue unit U's all_gather (unit index in layout order)
-  extra_micro_batch,  // the rank runs one micro-batch more in the step
-  extra_collective,   // the rank issues an all_gather the others do not
-  mpi_error,          // the rank's first collective of the step fails as an MPI error would
-  kill_in_update,     // the rank kills itself (SIGKILL) in the middle of an NVMe-offloaded optimizer update,
-                      // once the first slice's new state is on its way to the files
+  stall,                // the rank stops itself (SIGSTOP) at the start of the step
+  skip_gather,          // the rank does not issue unit U's all_gather (unit index in layout order)
+  extra_micro_batch,    // the rank runs one micro-batch more in the step
+  extra_collective,     // the rank issues an all_gather the others do not
+  mpi_error,            // the rank's first collective of the step fails as an MPI error would
+  kill_in_update,       // the rank kills itself (SIGKILL) in the middle of an NVMe-offloaded optimizer update,
+                        // once the first slice's new state is on its way to the files
+  stall_in_collective,  // the rank stops itself (SIGSTOP) inside its first collective of the step, once its
+                        // progress says it entered it (a rank stopped from outside at a random moment)
 };
 
 struct Spec {
