@@ -358,6 +358,8 @@ void MpiBootstrap::run_recorded(std::string_view op, std::size_t size_bytes, con
 }
 
 std::shared_ptr<Bootstrap> make_mpi_bootstrap(const World& world) {
+  // Before MPI_Init: an MPI that cannot join the launch may abort there, with its own words only.
+  if (!world.warning.empty()) log::warn("{}", world.warning);
   return std::make_shared<MpiBootstrap>(MpiRuntime::acquire(), world);
 }
 

@@ -383,6 +383,22 @@ void check_generic(const Launch& launch, const Launch& generic) {
       fmt::join(diffs, "; "), launch.launcher));
 }
 
+// srun gives each task a PMI only when asked (--mpi=pmix sets PMIX_RANK, --mpi=pmi2 PMI_RANK and PMI_FD);
+// with --mpi=none, or MpiDefault=none in slurm.conf, an MPI has no way to find the step's other tasks.
+std::string srun_without_pmi(const World& w, const World::EnvLookup& lookup) {
+  constexpr std::array<std::string_view, 3> kPmiNames{"PMIX_RANK", "PMI_RANK", "PMI_FD"};
+  if (w.size == 1) return "";
+  for (std::string_view name : kPmiNames) {
+    if (lookup(name)) return "";
+  }
+  return fmt::format(
+      "srun started this task as rank {} of {} (SLURM_PROCID={}, SLURM_STEP_NUM_TASKS={}) without a PMI: {} are "
+      "unset (srun --mpi=none, or MpiDefault=none in slurm.conf), so MPI cannot reach the other tasks and fails in "
+      "MPI_Init or starts alone. zero3 needs srun --mpi=pmix (or the PMI its MPI library was built with: `srun "
+      "--mpi=list`), or a start with mpirun",
+      w.rank, w.size, w.rank, w.size, fmt::join(kPmiNames, ", "));
+}
+
 World to_world(const Launch& launch) {
   World w;
   w.rank = launch.values[0];
@@ -420,7 +436,11 @@ World World::from_lookup(const EnvLookup& lookup) {
     check_same_launcher(pmix(), *launch);  // srun --mpi=pmix
     check_same_launcher(pmi(), *launch);   // srun --mpi=pmi2
   }
-  if (launch) return to_world(*launch);
+  if (launch) {
+    World w = to_world(*launch);
+    if (launch->kind == LauncherKind::srun) w.warning = srun_without_pmi(w, lookup);
+    return w;
+  }
   for (const auto& parts : {pmix(), pmi()}) {
     if (std::string claim = claim_of(parts); !claim.empty()) claims.push_back(std::move(claim));
   }

@@ -352,6 +352,19 @@ TEST_CASE("srun --mpi=pmi2: PMI_RANK and PMI_SIZE agree with the step") {
   CHECK_THROWS_WITH(from(overlay(task, {{"PMI_SIZE", "8"}})), Contains("PMI_SIZE=8 but SLURM_STEP_NUM_TASKS=4"));
 }
 
+TEST_CASE("srun --mpi=none: the world is read, with a warning that names the PMI variables and --mpi=pmix") {
+  const World w = from(srun_task(1, 2, 1, 0, "2", 1));
+  CHECK(w.rank == 1);
+  CHECK(w.size == 2);
+  CHECK_THAT(w.warning, Contains("rank 1 of 2 (SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=2) without a PMI") &&
+                            Contains("PMIX_RANK, PMI_RANK, PMI_FD are unset") && Contains("srun --mpi=pmix"));
+  // A PMI of any kind, or a step of one task, needs no warning.
+  CHECK(from(merge(srun_task(1, 2, 1, 0, "2", 1), {{"PMIX_RANK", "1"}})).warning.empty());
+  CHECK(from(merge(srun_task(1, 2, 1, 0, "2", 1), {{"PMI_FD", "7"}})).warning.empty());
+  CHECK(from(srun_task(0, 1, 0, 0, "1", 1)).warning.empty());
+  CHECK(from(ompi("1", "2", "1", "2")).warning.empty());
+}
+
 TEST_CASE("PMI_RANK and PMI_SIZE alone: one task is a single process, more are refused") {
   CHECK(from({{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}}).size == 1);
   CHECK_THROWS_WITH(from({{"PMI_RANK", "1"}, {"PMI_SIZE", "4"}}),

@@ -21,6 +21,10 @@ struct World {
   // "mpiexec (Hydra: ...)", "environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)", or "single
   // process (...)" saying why, e.g. "Slurm batch script, SLURM_STEP_ID='-5', which Slurm runs once".
   std::string source;
+  // What the launcher left out that MPI needs to join the other ranks, or empty: an srun task of a step
+  // of several whose srun gave it no PMI (srun --mpi=none). An MPI without a PMI aborts in MPI_Init with a
+  // message of its own (Open MPI) or starts alone, so make_mpi_bootstrap logs this before MPI starts.
+  std::string warning;
 
   using EnvLookup = std::function<std::optional<std::string>(std::string_view name)>;
   // Reads the process environment.
