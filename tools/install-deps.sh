@@ -12,6 +12,7 @@ packages=(
   libdnnl-dev  # runtime/models: bf16 (and fp32) matrix products of the host models (optional: ZERO3_WITH_ONEDNN)
   liburing-dev  # offload/aio.cpp: io_uring for the NVMe offload's direct file I/O
   gnuplot-nox  # zero3 mem report: the PNG plots of a profiled run
+  slurm-wlm slurm-wlm-basic-plugins munge  # tests/launchers/slurm_test.sh: a one-node cluster; srun --mpi=pmix
 )
 
 missing=()
