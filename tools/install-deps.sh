@@ -13,6 +13,7 @@ packages=(
   liburing-dev  # offload/aio.cpp: io_uring for the NVMe offload's direct file I/O
   gnuplot-nox  # zero3 mem report: the PNG plots of a profiled run
   slurm-wlm slurm-wlm-basic-plugins munge  # tests/launchers/slurm_test.sh: a one-node cluster; srun --mpi=pmix
+  iproute2  # tests/launchers/netns_test.sh: two "nodes" as network namespaces
 )
 
 missing=()
