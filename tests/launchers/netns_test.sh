@@ -114,7 +114,8 @@ for layout in "2 ${addr[0]}:1,${addr[1]}:1 ZERO3_PROGRESS_ADDR=${addr[0]}" "4 ${
   fi
   wait "$job" || { fail "$np ranks on two nodes: exit $?: $(tail -n 8 "$tmp/two$np.out")"; continue; }
   grep -q "^zero3 train: .* $np ranks on" "$tmp/two$np.out" || fail "$np ranks on two nodes: no start line"
-  grep -q "^world: mpirun" "$tmp/two$np.out" || fail "$np ranks on two nodes: the world is not mpirun's"
+  grep -q "job: $np rank(s) on 2 node(s), $((np / 2)) on this node (.*); world from mpirun" "$tmp/two$np.out" ||
+    fail "$np ranks on two nodes: the job's shape is not $np ranks on 2 nodes from mpirun: $(grep 'job:' "$tmp/two$np.out")"
   [[ "$progress" != - ]] || grep -q "progress server: listening on ${addr[0]} (interface z3a$$" "$tmp/two$np.out" ||
     fail "$np ranks on two nodes: the progress store is not on ${addr[0]}: $(grep 'progress' "$tmp/two$np.out")"
   if python3 "$here/ckpt_tensors.py" same "$tmp/one$np/global_step20" "$tmp/two$np/global_step20" \

@@ -119,9 +119,10 @@ timeout 120 srun -n 2 --mpi=pmix "${train[@]}" --steps 20 --save-dir "$tmp/srun2
 timeout 120 "$mpiexec" "${mpi_flags[@]}" -np 2 "${train[@]}" --steps 20 --save-dir "$tmp/mpirun20" \
   >"$tmp/mpirun20.out" 2>&1 || fail "mpirun: exit $?: $(tail -n 5 "$tmp/mpirun20.out")"
 grep -q "^zero3 train: .* 2 ranks on" "$tmp/srun20.out" || fail "srun: no 2-rank start line"
-grep -q "^world: srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, .*SLURM_STEP_ID=" "$tmp/srun20.out" ||
-  fail "srun: the world is not srun's: $(grep '^world:' "$tmp/srun20.out")"
-grep -q "^world: mpirun" "$tmp/mpirun20.out" || fail "mpirun: the world is not mpirun's"
+grep -q "job: 2 rank(s) on 1 node(s), 2 on this node (.*); world from srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, .*SLURM_STEP_ID=" "$tmp/srun20.out" ||
+  fail "srun: the world is not srun's: $(grep 'job:' "$tmp/srun20.out")"
+grep -q "job: 2 rank(s) on 1 node(s), 2 on this node (.*); world from mpirun" "$tmp/mpirun20.out" ||
+  fail "mpirun: the world is not mpirun's: $(grep 'job:' "$tmp/mpirun20.out")"
 if python3 "$here/ckpt_tensors.py" same "$tmp/srun20/global_step20" "$tmp/mpirun20/global_step20" \
   >"$tmp/same20.txt" 2>&1; then
   echo "srun --mpi=pmix: 20 steps at 2 ranks, final checkpoint bitwise equal to mpirun's"
