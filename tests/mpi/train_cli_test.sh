@@ -2,7 +2,8 @@
 # `zero3 train` end to end on the shipped tiny GPT jobs: the held-out loss reaches the data's entropy floor
 # (within 0.1 nats/token, and not below it) at world size 2 with CPU offload; two runs with one seed give
 # the same curve bit for bit; world sizes 1 and 2 give the same curve within fp32 tolerance; bad input
-# (missing token file, token id >= vocab, unknown model field, context longer than the data) is a clear
+# (missing token file, token id >= vocab, unknown model field, context longer than the data, a file name
+# that is not UTF-8) is a clear
 # error and a non-zero exit; the MLP quick job reaches the floor; wall_clock_breakdown's step split adds up
 # and leaves the numbers alone; `zero3-bench train` runs; stage3_gather_16bit_weights_on_model_save writes
 # model.safetensors into each checkpoint; the start-up line gives the job's shape; under mpirun's default
@@ -124,6 +125,10 @@ c["zero3"]["model"]["layerz"] = 2
 open(sys.argv[2], "w").write(json.dumps(c))
 PY
 expect_error "unknown model field" "zero3.model.layerz" --config "$tmp/unknown.json"
+# A file name that is not UTF-8 (JSON text is UTF-8): named as such, not a JSON library error.
+expect_error "a file name that is not UTF-8" "data.source: the value is not valid UTF-8" --config "$tmp/fp32.json" \
+  --data.source "tokens:$tmp/tok"$'\xff'".bin"
+if grep -q "json.exception\|type_error" "$tmp/bad.out"; then fail "a file name that is not UTF-8: $(head -c 300 "$tmp/bad.out")"; fi
 
 # 5. The MLP quick job reaches the floor too (it sees the last seq_len = markov_order tokens).
 "$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --progress off --config "$configs/mlp-tiny.json" \
