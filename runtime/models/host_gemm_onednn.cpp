@@ -6,7 +6,9 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <pthread.h>
 
+#include <csignal>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -37,6 +39,7 @@ struct Prim {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul matmul;
   std::string impl;
+  bool holds_signals = true;  // its kernel may move the stack pointer into the heap (AsyncSignalsHeld)
 };
 
 dnnl::engine& engine() {
@@ -71,6 +74,8 @@ std::unique_ptr<Prim> create(const Key& key) {
   p->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
   p->matmul = dnnl::matmul(p->pd);
   p->impl = p->pd.impl_info_str();
+  // The brgemm kernels keep the stack pointer on the stack; every other implementation is held to be unsafe.
+  p->holds_signals = p->impl.rfind("brg", 0) != 0;
   return p;
 }
 
@@ -109,6 +114,39 @@ Bound& bound(const Key& key) {
   return cache.emplace(key, std::move(b)).first->second;
 }
 
+// Asynchronous signals held back on this thread for the scope (when `hold`); pending ones arrive when it
+// ends. oneDNN's generated fp32 GEMM kernels (its "gemm:jit" matmul, up to oneDNN 3.10; Debian 12 ships
+// 2.6) point the stack pointer at their workspace in the heap while they run, so a signal taken there
+// writes its frame below that buffer: heap corruption, seen as "corrupted size vs. prev_size" after a
+// SIGTERM during a product (oneDNN issue #4845, fixed in 3.11 by PR #4855; tests/unit/test_gemm_signals.cpp).
+// Faults raised by the code itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT) stay
+// deliverable. The models run every product on the calling thread (threads = 1); oneDNN's OpenMP workers,
+// which only the benchmark's pooled products use, inherit the mask of the thread that starts them.
+class AsyncSignalsHeld {
+ public:
+  explicit AsyncSignalsHeld(bool hold) noexcept : hold_(hold) {
+    if (hold_) pthread_sigmask(SIG_BLOCK, &held(), &previous_);
+  }
+  ~AsyncSignalsHeld() {
+    if (hold_) pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  AsyncSignalsHeld(const AsyncSignalsHeld&) = delete;
+  AsyncSignalsHeld& operator=(const AsyncSignalsHeld&) = delete;
+
+ private:
+  static const sigset_t& held() {
+    static const sigset_t set = [] {
+      sigset_t s;
+      sigfillset(&s);
+      for (const int sync : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT}) sigdelset(&s, sync);
+      return s;
+    }();
+    return set;
+  }
+  bool hold_;
+  sigset_t previous_{};
+};
+
 }  // namespace
 
 bool built() {
@@ -138,6 +176,8 @@ void matmul(bool bf16, int threads, bool trans_a, bool trans_b, std::size_t m, s
   x.b.set_data_handle(const_cast<void*>(b));
   x.c.set_data_handle(c);
   x.scratch.set_data_handle(scratch.data());
+  // Two system calls (about 0.5 us together): a few percent of the smallest products of a tiny model.
+  const AsyncSignalsHeld held(x.prim->holds_signals);
   x.prim->matmul.execute(
       stream, {{DNNL_ARG_SRC, x.a}, {DNNL_ARG_WEIGHTS, x.b}, {DNNL_ARG_DST, x.c}, {DNNL_ARG_SCRATCHPAD, x.scratch}});
   stream.wait();
