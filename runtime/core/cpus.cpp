@@ -34,4 +34,9 @@ std::vector<int> process_cpus() {
   throw Error("sched_getaffinity failed: CPU mask larger than 2^20 CPUs");
 }
 
+int compute_threads(int ranks_on_node) {
+  const int cpus = static_cast<int>(process_cpus().size());
+  return std::max(1, cpus / std::max(1, ranks_on_node));
+}
+
 }  // namespace zero3

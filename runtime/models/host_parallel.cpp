@@ -3,15 +3,17 @@
 #include <fmt/format.h>
 
 #include <memory>
-#include <thread>
 
+#include "zero3/core/cpus.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models::par {
 namespace {
 
+// The process's CPU mask, not the machine: a rank bound to one core gets one thread, and oneTBB is never
+// asked for more workers than the mask allows.
 int default_threads() {
-  return static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  return compute_threads(1);
 }
 
 struct Pool {

@@ -6,7 +6,9 @@
 # that is not UTF-8) is a clear
 # error and a non-zero exit; the MLP quick job reaches the floor; wall_clock_breakdown's step split adds up
 # and leaves the numbers alone; `zero3-bench train` runs; stage3_gather_16bit_weights_on_model_save writes
-# model.safetensors into each checkpoint; the start-up line gives the job's shape.
+# model.safetensors into each checkpoint; the start-up line gives the job's shape; under mpirun's default
+# binding (each rank bound to a core) no rank starts more compute threads than its CPU mask has (oneTBB
+# would warn).
 # Usage: train_cli_test.sh ZERO3_BINARY ZERO3_BENCH_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -u
 zero3="$1"
@@ -39,6 +41,13 @@ PY
 
 grep -q "job: 2 rank(s) on 1 node(s), 2 on this node (.*); world from mpirun" "$tmp/tiny.out" ||
   fail "no start-up line with the job's shape: $(head -n 5 "$tmp/tiny.out")"
+
+# 1b. mpirun's default binding: a core per rank (the test flags say --bind-to none; here it is left out).
+bound_flags=()
+for f in "${mpi_flags[@]}"; do [[ "$f" == --bind-to || "$f" == none ]] || bound_flags+=("$f"); done
+"$mpiexec" "${bound_flags[@]}" --bind-to core -np 2 "$zero3" train --progress off --steps 3 \
+  --config "$configs/gpt-tiny-offload.json" >"$tmp/bound.out" 2>&1 || fail "bound run failed: $(tail -n 5 "$tmp/bound.out")"
+if grep -qi "tbb warning" "$tmp/bound.out"; then fail "ranks bound to a core: $(grep -i -m1 "tbb warning" "$tmp/bound.out")"; fi
 
 # 2. Same seed, same curve (bitwise); world size 1 vs 2 in fp32 within tolerance.
 python3 - "$configs/gpt-tiny-ondevice.json" "$tmp/fp32.json" <<'PY'

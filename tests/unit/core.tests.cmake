@@ -4,7 +4,7 @@ zero3_unit_test(core_events SOURCES unit/test_events.cpp LIBS zero3_core nlohman
 # The environment variables: docs/environment.md against zero3/core/env.hpp.
 zero3_unit_test(env_doc SOURCES unit/test_env_doc.cpp LIBS zero3_core)
 target_compile_definitions(test_env_doc PRIVATE ZERO3_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
-# The process's CPU mask.
+# The process's CPU mask and the compute threads sized from it.
 zero3_unit_test(cpus SOURCES unit/test_cpus.cpp LIBS zero3_core)
 # JSON-safe text: UTF-8 validation and replacement, JSON string literals.
 zero3_unit_test(core_json_text SOURCES unit/test_json_text.cpp LIBS zero3_core nlohmann_json::nlohmann_json)

@@ -1,8 +1,9 @@
-// zero3/core/cpus.hpp: the process's CPU mask, checked against the kernel's and against masks this test
-// sets itself (sched_setaffinity on the calling thread, which sched_getaffinity(0) reads).
+// zero3/core/cpus.hpp: the process's CPU mask and the compute threads taken from it, checked against
+// masks this test sets itself (sched_setaffinity on the calling thread, which sched_getaffinity(0) reads).
 #include <sched.h>
 
 #include <catch2/catch.hpp>
+#include <thread>
 #include <vector>
 
 #include "zero3/core/cpus.hpp"
@@ -46,11 +47,25 @@ TEST_CASE("process_cpus is the kernel's CPU mask of the process") {
   CHECK(!cpus.empty());
 }
 
-TEST_CASE("a mask of one CPU (a rank bound to a core) is read as such") {
+TEST_CASE("compute threads divide the mask among the node's ranks, never below one") {
+  const int cpus = static_cast<int>(zero3::process_cpus().size());
+  CHECK(zero3::compute_threads(1) == cpus);
+  CHECK(zero3::compute_threads(0) == cpus);
+  CHECK(zero3::compute_threads(cpus) == 1);
+  CHECK(zero3::compute_threads(cpus + 1) == 1);
+  if (cpus >= 2) CHECK(zero3::compute_threads(2) == cpus / 2);
+}
+
+TEST_CASE("a mask of one CPU (a rank bound to a core) gives one thread, whatever the machine has") {
   const std::vector<int> before = zero3::process_cpus();
   {
     const ScopedMask one({before.back()});
     CHECK(zero3::process_cpus() == std::vector<int>{before.back()});
+    CHECK(zero3::compute_threads(1) == 1);
+    CHECK(zero3::compute_threads(4) == 1);
+    // What the pools used to be sized from: the machine, not the mask.
+    if (std::thread::hardware_concurrency() > 1)
+      CHECK(zero3::compute_threads(1) < int(std::thread::hardware_concurrency()));
   }
   CHECK(zero3::process_cpus() == before);
 }

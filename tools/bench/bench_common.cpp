@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <thread>
 
+#include "zero3/core/cpus.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
 #include "zero3/models/gpt.hpp"
@@ -30,8 +30,7 @@ CLI::Option* add_steps_option(CLI::App& cmd, int& steps, const std::string& help
 comm::World bench_world() {
   const comm::World world = comm::World::from_environment();
   log::set_rank(world.rank, world.size);
-  const int cores = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
-  models::set_blas_threads(std::max(1, cores / std::max(1, world.local_size)));
+  models::set_blas_threads(compute_threads(world.local_size));
   return world;
 }
 

@@ -25,7 +25,6 @@
 #include <sstream>
 #include <string>
 #include <system_error>
-#include <thread>
 
 #include "commands.hpp"
 #include "train_config.hpp"
@@ -33,6 +32,7 @@
 #include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/world.hpp"
 #include "zero3/config/parse.hpp"
+#include "zero3/core/cpus.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 #include "zero3/core/log.hpp"
@@ -180,9 +180,9 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
                            {.context = ms.seq_len,
                             .predictions_per_window = models::predictions_per_window(ms),
                             .heldout_windows = o.job.heldout_samples.value_or(0)});
-  // OpenBLAS threads: this rank's share of the node's cores (OpenBLAS would take them all in every rank).
-  const int cores = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
-  models::set_blas_threads(std::max(1, cores / std::max(1, world.local_size)));
+  // Compute threads: this rank's share of the CPUs it may run on (its CPU mask, which mpirun's or srun's
+  // binding narrows), not of the machine.
+  models::set_blas_threads(compute_threads(world.local_size));
   train::MemoryCheck check{
       .eval_batch = static_cast<int>((data.heldout_windows() + world.size - 1) / world.size),
       .len = static_cast<int>(ms.seq_len),
