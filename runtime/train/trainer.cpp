@@ -299,12 +299,15 @@ TrainSummary Trainer::run() {
         continue;
       }
       report_saves(checkpointer_->poll());  // an async save whose writes finished: commit it
-      if (stop_agreed(done)) break;         // saved below, synchronously
-      maybe_save(done, false);
+      const bool stop = stop_agreed(done);  // saved below, synchronously
+      if (!stop) maybe_save(done, false);
+      // The stop step is logged too: the metrics of the state the checkpoint holds, where a resumed run's
+      // records begin after it.
       const bool last = done == options_.steps;
-      if (last || (options_.log_interval > 0 && done % options_.log_interval == 0)) {
+      if (stop || last || (options_.log_interval > 0 && done % options_.log_interval == 0)) {
         log_interval(done, last_result_, loss, window);
       }
+      if (stop) break;
     }
     // The run ends with a checkpoint of its final state (also when a resumed run had nothing left to do).
     const Clock::time_point save_start = Clock::now();

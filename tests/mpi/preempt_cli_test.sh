@@ -15,6 +15,7 @@
 #      printed its final report: the ranks still shut down the engine and MPI then, and the run exits 0;
 #   7. a full disk (a small tmpfs, where it can be mounted) under the preemption save: exit 1, and the error
 #      says the run stopped early with its checkpoint lost, not that training completed.
+# In 1 and 2 the stop step's metrics record is the last one written.
 # Usage: preempt_cli_test.sh ZERO3_BINARY CONFIGS_DIR MPIEXEC [MPIEXEC_FLAGS...]
 set -u
 zero3="$(realpath "$1")"
@@ -113,6 +114,9 @@ preempt() {
   tag="$(cat "$d/latest" 2>/dev/null)"
   local stop="${tag#global_step}"
   [[ -n "$tag" && "$stop" -ge "$at" && "$stop" -lt "$steps" ]] || { fail "$name: latest '$tag' after step $at"; return; }
+  local logged
+  logged="$(tail -n 1 "$tmp/$name.jsonl" | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["step"])')"
+  [[ "$logged" == "$stop" ]] || fail "$name: the last metrics record is step $logged, not the stop step $stop"
   grep -q "preempted: stopped on .* after step $stop of $steps; checkpoint" "$tmp/$name.out" ||
     fail "$name: no 'preempted' line"
   has_event "$d/events.jsonl" preempt_requested "stops after step $stop" || fail "$name: no preempt_requested event"
