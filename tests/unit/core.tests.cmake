@@ -8,3 +8,5 @@ target_compile_definitions(test_env_doc PRIVATE ZERO3_SOURCE_DIR="${PROJECT_SOUR
 zero3_unit_test(cpus SOURCES unit/test_cpus.cpp LIBS zero3_core)
 # JSON-safe text: UTF-8 validation and replacement, JSON string literals.
 zero3_unit_test(core_json_text SOURCES unit/test_json_text.cpp LIBS zero3_core nlohmann_json::nlohmann_json)
+# Checked integer arithmetic (zero3/core/checked.hpp): products, sums and narrowings at the edges of their types.
+zero3_unit_test(core_checked SOURCES unit/test_checked.cpp LIBS zero3_core)
