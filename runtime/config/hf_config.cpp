@@ -51,8 +51,13 @@ HfShape read_hf_config(ObjectReader& r, ModelSettings& m) {
       if (required) fail(fmt::format("\"{}\" is missing", name));
       return;
     }
-    if (!v->is_number_integer() || v->get<std::int64_t>() < 1) {
-      fail(fmt::format("\"{}\" must be a positive integer, got {}", name, v->dump()));
+    // The zero3.model row's range, so that a size the model cannot hold is refused here, named by the file's key.
+    const std::int64_t highest = int_highest(find_key(blocks::zero3_model, zero3_key)->type);
+    const bool fits = v->is_number_unsigned() ? v->get<std::uint64_t>() >= 1 &&
+                                                    v->get<std::uint64_t>() <= static_cast<std::uint64_t>(highest)
+                                              : v->is_number_integer() && v->get<std::int64_t>() >= 1;
+    if (!fits) {
+      fail(fmt::format("\"{}\" must be an integer in [1, {}], got {}", name, highest, v->dump()));
       return;
     }
     out = v->get<std::int64_t>();

@@ -356,16 +356,19 @@ Got ObjectReader::get_int(std::string_view key, std::int64_t& out) {
   } else {
     v = as_int(*j, fractional);
   }
-  if (!v) {
-    if (fractional) {
-      error(key, fmt::format("expected {}, got {} (a fractional number)", expected, j->dump()));
-    } else {
-      error(key, fmt::format("expected {}, got {} (out of the 64-bit integer range)", expected, j->dump()));
-    }
+  if (fractional) {
+    error(key, fmt::format("expected {}, got {} (a fractional number)", expected, j->dump()));
     return Got::invalid;
   }
-  if (!in_range(static_cast<double>(*v), range)) {
+  // The row's own range first, in its words; then the range of the type the value lands in, which a value
+  // past int64 (1e30) is out of too.
+  if (v && !in_range(static_cast<double>(*v), range)) {
     error(key, fmt::format("must be {}, got {}", range_text(range), j->dump()));
+    return Got::invalid;
+  }
+  if (!v || *v < range.held_min || *v > range.held_max) {
+    error(key, fmt::format("{} is out of range ({} .. {}, a {}-bit integer)", j->dump(), int_lowest(range),
+                           int_highest(range), range.held_bits));
     return Got::invalid;
   }
   out = *v;

@@ -49,7 +49,7 @@ constexpr KeySpec kKeys[] = {
     // Sections in quotes are those of https://www.deepspeed.ai/docs/config-json/.
     // ---- top level ("Batch Size Related Parameters", "Gradient Clipping", ...; deepspeed/runtime/constants.py)
     {kTop, "train_batch_size", int_min(1), "inferred", S::implemented, A::resolved, "batch rule (§1.1)"},
-    {kTop, "train_micro_batch_size_per_gpu", int_min(1), "inferred", S::implemented, A::resolved,
+    {kTop, "train_micro_batch_size_per_gpu", int_min(1).held_in<int>(), "inferred", S::implemented, A::resolved,
      "batch rule; \"auto\" with nothing to infer from: 8 (HF Trainer's default)"},
     {kTop, "gradient_accumulation_steps", int_min(1), "inferred", S::implemented, A::resolved,
      "batch rule; \"auto\" with nothing to infer from: 1 (HF Trainer's default)"},
@@ -394,10 +394,10 @@ constexpr KeySpec kKeys[] = {
     // ---- aio, checkpoint, data_types ("Asynchronous I/O", "Checkpoint options", "Data Type options")
     {"aio", "block_size", int_min(1), "1048576", S::implemented, A::rejected,
      "NVMe: bytes per request, a multiple of 4096"},
-    {"aio", "queue_depth", int_min(1), "8", S::implemented, A::rejected, "NVMe: requests in flight"},
-    {"aio", "intra_op_parallelism", int_min(1), "1", S::implemented, A::rejected,
+    {"aio", "queue_depth", int_min(1).held_in<int>(), "8", S::implemented, A::rejected, "NVMe: requests in flight"},
+    {"aio", "intra_op_parallelism", int_min(1).held_in<int>(), "1", S::implemented, A::rejected,
      "NVMe: threads where io_uring is unavailable"},
-    {"aio", "thread_count", int_min(1), "-", S::deprecated, A::rejected,
+    {"aio", "thread_count", int_min(1).held_in<int>(), "-", S::deprecated, A::rejected,
      "DeepSpeed ignores it since v0.16.4; zero3 maps it to intra_op_parallelism with a warning"},
     {"aio", "single_submit", "bool", "false", S::implemented, A::rejected, "NVMe: submit requests one by one"},
     {"aio", "overlap_events", "bool", "true", S::implemented, A::rejected,
@@ -579,19 +579,21 @@ constexpr KeySpec kKeys[] = {
      "auto: cuda when a GPU is present, else host"},
     {"zero3.model", "type", "\"gpt\" | \"mlp\" | \"llama\"", "\"gpt\"", S::implemented, A::rejected,
      "llama: the Llama-family decoder (docs/models.md)"},
-    {"zero3.model", "layers", int_min(1), "required", S::implemented, A::rejected, ""},
-    {"zero3.model", "hidden_size", int_min(1), "required", S::implemented, A::rejected,
+    {"zero3.model", "layers", int_min(1).held_in<int>(), "required", S::implemented, A::rejected, ""},
+    {"zero3.model", "hidden_size", int_min(1).held_in<int>(), "required", S::implemented, A::rejected,
      "also feeds the \"auto\" bucket sizes"},
-    {"zero3.model", "heads", int_min(1), "required for gpt and llama", S::implemented, A::rejected,
+    {"zero3.model", "heads", int_min(1).held_in<int>(), "required for gpt and llama", S::implemented, A::rejected,
      "gpt: must divide hidden_size"},
-    {"zero3.model", "vocab_size", int_min(1), "required", S::implemented, A::rejected, ""},
-    {"zero3.model", "seq_len", int_min(1), "required for gpt and llama; 1 for mlp", S::implemented, A::rejected, ""},
+    {"zero3.model", "vocab_size", int_min(1).held_in<int>(), "required", S::implemented, A::rejected, ""},
+    {"zero3.model", "seq_len", int_min(1).held_in<int>(), "required for gpt and llama; 1 for mlp", S::implemented,
+     A::rejected, ""},
     {"zero3.model", "hf_config", "string", "absent", S::implemented, A::rejected,
      "llama: a Hugging Face config.json (llama, mistral, qwen2) giving the shape"},
-    {"zero3.model", "kv_heads", int_min(1), "heads", S::implemented, A::rejected, "llama: must divide heads"},
-    {"zero3.model", "head_dim", int_min(2).named("even int"), "hidden_size / heads", S::implemented, A::rejected,
-     "llama"},
-    {"zero3.model", "intermediate_size", int_min(1), "required for llama", S::implemented, A::rejected,
+    {"zero3.model", "kv_heads", int_min(1).held_in<int>(), "heads", S::implemented, A::rejected,
+     "llama: must divide heads"},
+    {"zero3.model", "head_dim", int_min(2).named("even int").held_in<int>(), "hidden_size / heads", S::implemented,
+     A::rejected, "llama"},
+    {"zero3.model", "intermediate_size", int_min(1).held_in<int>(), "required for llama", S::implemented, A::rejected,
      "llama: the SwiGLU MLP's width"},
     {"zero3.model", "rope_theta", num_above(0), "10000", S::implemented, A::rejected, "llama"},
     {"zero3.model", "rms_norm_eps", num_above(0), "1e-6", S::implemented, A::rejected, "llama"},
@@ -739,9 +741,22 @@ std::string range_text(const ValueType& t) {
   return {};
 }
 
+std::int64_t int_lowest(const ValueType& t) {
+  return t.has_min ? std::max(static_cast<std::int64_t>(std::ceil(t.min)), t.held_min) : t.held_min;
+}
+
+std::int64_t int_highest(const ValueType& t) {
+  // 2^63 as a double does not convert; a max at or past it is the held type's.
+  if (!t.has_max || t.max >= 9223372036854775808.0) return t.held_max;
+  return std::min(static_cast<std::int64_t>(std::floor(t.max)), t.held_max);
+}
+
 std::string type_text(const ValueType& t) {
   std::string text(t.text);
   if (t.has_range()) text += " " + range_text(t);
+  if (t.kind == ValueType::Kind::integer && t.narrowed() && !t.has_max) {
+    text += fmt::format("{}at most {}", t.has_range() ? ", " : " ", t.held_max);
+  }
   if (t.nullable) text += " or null";
   return text;
 }

@@ -7,6 +7,7 @@ zero3_unit_test(config
           ${CMAKE_CURRENT_LIST_DIR}/test_config_corpus.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_config_syntax.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_config_removed.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_config_integers.cpp
   LIBS zero3_config nlohmann_json::nlohmann_json)
 target_compile_definitions(test_config PRIVATE
   ZERO3_CONFIG_FIXTURES="${CMAKE_CURRENT_LIST_DIR}/../data/configs"

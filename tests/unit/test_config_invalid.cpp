@@ -48,7 +48,7 @@ const Case kCases[] = {
     {"fractional bucket", R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_bucket_size": 5.5}})",
      "zero_optimization.reduce_bucket_size", "5.5 (a fractional number)"},
     {"bucket beyond int64", R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "sub_group_size": 1e30}})",
-     "zero_optimization.sub_group_size", "out of the 64-bit integer range"},
+     "zero_optimization.sub_group_size", "1e+30 is out of range (0 .. 9223372036854775807, a 64-bit integer)"},
     {"offload device gpu",
      R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})",
      "zero_optimization.offload_param.device", "\"none\", \"cpu\", \"nvme\""},

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <array>
+#include <concepts>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -39,6 +41,12 @@ struct ValueType {
   bool min_open = false, max_open = false;  // the bound itself is excluded
   double min = 0, max = 0;
   bool nullable = false;  // null is accepted (and means "not set")
+  // Integers: the range of the C++ type the value lands in, where that is narrower than the config struct's
+  // int64 (a model's int sizes, a micro-batch); the parser refuses a value outside it, whatever the row's
+  // range, instead of letting a later cast wrap it (2^32 + 1 layers would build 1).
+  std::int64_t held_min = std::numeric_limits<std::int64_t>::min();
+  std::int64_t held_max = std::numeric_limits<std::int64_t>::max();
+  int held_bits = 64;  // of the signed type held_min .. held_max is the range of
 
   // Implicit, so that a row writes a plain type as its text: "bool".
   constexpr ValueType(const char* type_text) : text(type_text) {}  // NOLINT(google-explicit-constructor)
@@ -54,7 +62,17 @@ struct ValueType {
     t.text = word;
     return t;
   }
+  // The value lands in a T (a signed integer narrower than int64).
+  template <std::signed_integral T>
+  constexpr ValueType held_in() const {
+    ValueType t = *this;
+    t.held_min = std::numeric_limits<T>::min();
+    t.held_max = std::numeric_limits<T>::max();
+    t.held_bits = std::numeric_limits<T>::digits + 1;
+    return t;
+  }
   bool has_range() const { return has_min || has_max; }
+  bool narrowed() const { return held_bits < 64; }
 };
 
 constexpr ValueType int_min(std::int64_t lo) {
@@ -99,7 +117,10 @@ constexpr ValueType num_open(double lo, double hi) {  // (lo, hi)
 
 // "> 0", ">= -1", "in [0, 126]", "in [0, 1)"; empty without a range. The parser's messages use the same words.
 std::string range_text(const ValueType& t);
-// The type column: "int > 0 or null", "number in (0, 1)", "bool".
+// The lowest and highest integer a key accepts: its row's range within the type the value lands in.
+std::int64_t int_lowest(const ValueType& t);
+std::int64_t int_highest(const ValueType& t);
+// The type column: "int > 0 or null", "int > 0, at most 2147483647", "number in (0, 1)", "bool".
 std::string type_text(const ValueType& t);
 
 struct KeySpec {
