@@ -17,7 +17,9 @@
 #include "host_adapter.hpp"
 #include "host_gemm.hpp"
 #include "host_parallel.hpp"
+#include "param_count.hpp"
 #include "unit_linear.hpp"
+#include "zero3/core/checked.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models {
@@ -88,45 +90,60 @@ void validate(const GptConfig& c) {
     throw ConfigError(
         fmt::format("zero3.model.hidden ({}) must be a multiple of zero3.model.heads ({})", c.hidden, c.heads));
   }
+  // The widths the params' shapes and the kernels' loops take as int.
+  checked_mul<ConfigError>(c.mlp_ratio, c.hidden, "zero3.model: the MLP's width (4 x hidden_size)");
+  checked_mul<ConfigError>(3, c.hidden, "zero3.model: the attention's q, k and v rows (3 x hidden_size)");
 }
 
-std::vector<UnitSpec> gpt_units(const GptConfig& c) {
-  validate(c);
+namespace {
+
+UnitSpec embed_unit(const GptConfig& c) {
+  return {"embed",
+          {weight("wte.weight", c.vocab_size, c.hidden, kInitStd),
+           weight("wpe.weight", c.seq_len, c.hidden, kPositionInitStd)}};
+}
+
+UnitSpec block_unit(const GptConfig& c, int i) {
   const int d = c.hidden;
   const int f = c.mlp_hidden();
   // GPT-2's scaling of the projections that write into the residual stream: 2 per block, so the stream's
   // variance at init does not grow with depth.
   const double residual_std = kInitStd / std::sqrt(2.0 * c.layers);
+  const std::string u = fmt::format("blocks.{}", i);
+  return {
+      u,
+      {vector_param(u + ".ln1.weight", d, ParamInit::ones()), vector_param(u + ".ln1.bias", d, ParamInit::zeros()),
+       weight(u + ".attn.qkv.weight", 3 * d, d, kInitStd),
+       vector_param(u + ".attn.qkv.bias", 3 * d, ParamInit::zeros()),
+       weight(u + ".attn.proj.weight", d, d, residual_std), vector_param(u + ".attn.proj.bias", d, ParamInit::zeros()),
+       vector_param(u + ".ln2.weight", d, ParamInit::ones()), vector_param(u + ".ln2.bias", d, ParamInit::zeros()),
+       weight(u + ".mlp.fc.weight", f, d, kInitStd), vector_param(u + ".mlp.fc.bias", f, ParamInit::zeros()),
+       weight(u + ".mlp.proj.weight", d, f, residual_std), vector_param(u + ".mlp.proj.bias", d, ParamInit::zeros())}};
+}
+
+UnitSpec head_unit(const GptConfig& c) {
+  const int d = c.hidden;
+  return {"head",
+          {vector_param("ln_f.weight", d, ParamInit::ones()), vector_param("ln_f.bias", d, ParamInit::zeros()),
+           weight("lm_head.weight", c.vocab_size, d, kInitStd)}};
+}
+
+}  // namespace
+
+std::vector<UnitSpec> gpt_units(const GptConfig& c) {
+  validate(c);
   std::vector<UnitSpec> units;
-  units.push_back(
-      {"embed",
-       {weight("wte.weight", c.vocab_size, d, kInitStd), weight("wpe.weight", c.seq_len, d, kPositionInitStd)}});
-  for (int i = 0; i < c.layers; ++i) {
-    const std::string u = fmt::format("blocks.{}", i);
-    units.push_back(
-        {u,
-         {vector_param(u + ".ln1.weight", d, ParamInit::ones()), vector_param(u + ".ln1.bias", d, ParamInit::zeros()),
-          weight(u + ".attn.qkv.weight", 3 * d, d, kInitStd),
-          vector_param(u + ".attn.qkv.bias", 3 * d, ParamInit::zeros()),
-          weight(u + ".attn.proj.weight", d, d, residual_std),
-          vector_param(u + ".attn.proj.bias", d, ParamInit::zeros()),
-          vector_param(u + ".ln2.weight", d, ParamInit::ones()), vector_param(u + ".ln2.bias", d, ParamInit::zeros()),
-          weight(u + ".mlp.fc.weight", f, d, kInitStd), vector_param(u + ".mlp.fc.bias", f, ParamInit::zeros()),
-          weight(u + ".mlp.proj.weight", d, f, residual_std),
-          vector_param(u + ".mlp.proj.bias", d, ParamInit::zeros())}});
-  }
-  units.push_back({"head",
-                   {vector_param("ln_f.weight", d, ParamInit::ones()), vector_param("ln_f.bias", d, ParamInit::zeros()),
-                    weight("lm_head.weight", c.vocab_size, d, kInitStd)}});
+  units.push_back(embed_unit(c));
+  for (int i = 0; i < c.layers; ++i) units.push_back(block_unit(c, i));
+  units.push_back(head_unit(c));
   return units;
 }
 
 std::size_t gpt_num_params(const GptConfig& config) {
-  std::size_t total = 0;
-  for (const UnitSpec& unit : gpt_units(config)) {
-    for (const ParamSpec& p : unit.params) total += p.numel();
-  }
-  return total;
+  validate(config);
+  // Counted from one block, without declaring every unit: a count of layers no memory holds is counted too.
+  return detail::model_params(detail::unit_numel(embed_unit(config)), config.layers,
+                              detail::unit_numel(block_unit(config, 0)), detail::unit_numel(head_unit(config)));
 }
 
 void set_blas_threads(int threads) {
@@ -490,6 +507,7 @@ std::size_t GptModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
   const Index rows = idx(micro_batch) * n;
   const Index eval_rows = idx(eval_batch) * n;
   const Index layers = idx(config_.layers);
+  detail::check_activation_bound(std::max(rows, eval_rows), layers, std::max({d, f, vocab, heads}));
   // Each buffer holds the larger of its train and held-out sizes where both passes use it.
   const auto both = [&](Index per_row) { return std::max(rows, eval_rows) * per_row; };
   const auto block = [&](Index r, Index batch) {  // one BlockActs

@@ -19,7 +19,9 @@
 #include "host_parallel.hpp"
 #include "llama_ops.hpp"
 #include "llama_params.hpp"
+#include "param_count.hpp"
 #include "unit_linear.hpp"
+#include "zero3/core/checked.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models {
@@ -85,50 +87,64 @@ void validate(const LlamaConfig& c) {
   if (!(c.rms_norm_eps > 0.0)) {
     throw ConfigError(fmt::format("zero3.model.rms_norm_eps must be > 0, got {}", c.rms_norm_eps));
   }
+  // The projections' widths, which the params' shapes and the kernels' loops take as int.
+  checked_mul<ConfigError>(c.heads, c.dim(), "zero3.model: the query width (heads x head_dim)");
 }
 
-std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
-  validate(c);
+namespace {
+
+UnitSpec layer_unit(const LlamaConfig& c, int i) {
   const int d = c.hidden;
   const int q_width = c.heads * c.dim();
   const int kv_width = c.kv() * c.dim();
-  std::vector<UnitSpec> units;
-  units.push_back({"embed", {matrix("model.embed_tokens.weight", c.vocab_size, d)}});
-  for (int i = 0; i < c.layers; ++i) {
-    const std::string l = fmt::format("model.layers.{}.", i);
-    std::vector<ParamSpec> p = {vector_param(l + "input_layernorm.weight", d, ParamInit::ones()),
-                                matrix(l + "self_attn.q_proj.weight", q_width, d),
-                                matrix(l + "self_attn.k_proj.weight", kv_width, d),
-                                matrix(l + "self_attn.v_proj.weight", kv_width, d),
-                                matrix(l + "self_attn.o_proj.weight", d, q_width),
-                                vector_param(l + "post_attention_layernorm.weight", d, ParamInit::ones()),
-                                matrix(l + "mlp.gate_proj.weight", c.intermediate, d),
-                                matrix(l + "mlp.up_proj.weight", c.intermediate, d),
-                                matrix(l + "mlp.down_proj.weight", d, c.intermediate)};
-    if (c.qkv_bias) {
-      p.push_back(vector_param(l + "self_attn.q_proj.bias", q_width, ParamInit::zeros()));
-      p.push_back(vector_param(l + "self_attn.k_proj.bias", kv_width, ParamInit::zeros()));
-      p.push_back(vector_param(l + "self_attn.v_proj.bias", kv_width, ParamInit::zeros()));
-    }
-    if (c.o_bias) p.push_back(vector_param(l + "self_attn.o_proj.bias", d, ParamInit::zeros()));
-    units.push_back({fmt::format("layers.{}", i), std::move(p)});
+  const std::string l = fmt::format("model.layers.{}.", i);
+  std::vector<ParamSpec> p = {vector_param(l + "input_layernorm.weight", d, ParamInit::ones()),
+                              matrix(l + "self_attn.q_proj.weight", q_width, d),
+                              matrix(l + "self_attn.k_proj.weight", kv_width, d),
+                              matrix(l + "self_attn.v_proj.weight", kv_width, d),
+                              matrix(l + "self_attn.o_proj.weight", d, q_width),
+                              vector_param(l + "post_attention_layernorm.weight", d, ParamInit::ones()),
+                              matrix(l + "mlp.gate_proj.weight", c.intermediate, d),
+                              matrix(l + "mlp.up_proj.weight", c.intermediate, d),
+                              matrix(l + "mlp.down_proj.weight", d, c.intermediate)};
+  if (c.qkv_bias) {
+    p.push_back(vector_param(l + "self_attn.q_proj.bias", q_width, ParamInit::zeros()));
+    p.push_back(vector_param(l + "self_attn.k_proj.bias", kv_width, ParamInit::zeros()));
+    p.push_back(vector_param(l + "self_attn.v_proj.bias", kv_width, ParamInit::zeros()));
   }
-  UnitSpec head{"head", {vector_param("model.norm.weight", d, ParamInit::ones())}};
+  if (c.o_bias) p.push_back(vector_param(l + "self_attn.o_proj.bias", d, ParamInit::zeros()));
+  return {fmt::format("layers.{}", i), std::move(p)};
+}
+
+UnitSpec embed_unit(const LlamaConfig& c) {
+  return {"embed", {matrix("model.embed_tokens.weight", c.vocab_size, c.hidden)}};
+}
+
+UnitSpec head_unit(const LlamaConfig& c) {
+  UnitSpec head{"head", {vector_param("model.norm.weight", c.hidden, ParamInit::ones())}};
   if (c.tie_word_embeddings) {
     head.borrows = {"embed"};  // the output layer is the embedding: the walk hands it to the head second
   } else {
-    head.params.push_back(matrix("lm_head.weight", c.vocab_size, d));
+    head.params.push_back(matrix("lm_head.weight", c.vocab_size, c.hidden));
   }
-  units.push_back(std::move(head));
+  return head;
+}
+
+}  // namespace
+
+std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
+  validate(c);
+  std::vector<UnitSpec> units;
+  units.push_back(embed_unit(c));
+  for (int i = 0; i < c.layers; ++i) units.push_back(layer_unit(c, i));
+  units.push_back(head_unit(c));
   return units;
 }
 
 std::size_t llama_num_params(const LlamaConfig& config) {
-  std::size_t total = 0;
-  for (const UnitSpec& unit : llama_units(config)) {
-    for (const ParamSpec& p : unit.params) total += p.numel();
-  }
-  return total;
+  validate(config);
+  return detail::model_params(detail::unit_numel(embed_unit(config)), config.layers,
+                              detail::unit_numel(layer_unit(config, 0)), detail::unit_numel(head_unit(config)));
 }
 
 std::string describe(const LlamaConfig& c) {
@@ -521,6 +537,7 @@ std::size_t LlamaModel<T>::planned_activation_bytes(int micro_batch, int eval_ba
   const Index rows = idx(micro_batch) * n;
   const Index eval_rows = idx(eval_batch) * n;
   const Index layers = idx(config_.layers);
+  detail::check_activation_bound(std::max(rows, eval_rows), layers, std::max({d, f, vocab, q_width, heads}));
   const auto both = [&](Index per_row) { return std::max(rows, eval_rows) * per_row; };
   const auto layer = [&](Index r, Index batch) {
     // norm1, res1, norm2; inv1, inv2; qkv; lse; att; gate, up, swiglu.

@@ -13,6 +13,8 @@
 #include "exact_resize.hpp"
 #include "gpt_ops.hpp"
 #include "host_adapter.hpp"
+#include "param_count.hpp"
+#include "zero3/core/checked.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::models {
@@ -57,30 +59,46 @@ void validate(const MlpConfig& c) {
   require_positive(c.context, "seq_len");
   require_positive(c.layers, "layers");
   require_positive(c.hidden, "hidden_size");
+  checked_mul<ConfigError>(c.context, c.hidden, "zero3.model: the first layer's input width (seq_len x hidden_size)");
 }
+
+namespace {
+
+UnitSpec layer_unit(const MlpConfig& c, int i) {
+  const std::string u = fmt::format("layers.{}", i);
+  const int in = i == 0 ? c.input_width() : c.hidden;
+  return {u,
+          {weight(u + ".fc.weight", c.hidden, in, 1.0 / std::sqrt(static_cast<double>(in))),
+           bias(u + ".fc.bias", c.hidden)}};
+}
+
+UnitSpec embed_unit(const MlpConfig& c) {
+  return {"embed", {weight("wte.weight", c.vocab_size, c.hidden, kEmbedInitStd)}};
+}
+
+UnitSpec head_unit(const MlpConfig& c) {
+  return {"head", {weight("head.weight", c.vocab_size, c.hidden, kHeadInitStd), bias("head.bias", c.vocab_size)}};
+}
+
+}  // namespace
 
 std::vector<UnitSpec> mlp_units(const MlpConfig& c) {
   validate(c);
   std::vector<UnitSpec> units;
-  units.push_back({"embed", {weight("wte.weight", c.vocab_size, c.hidden, kEmbedInitStd)}});
-  for (int i = 0; i < c.layers; ++i) {
-    const std::string u = fmt::format("layers.{}", i);
-    const int in = i == 0 ? c.input_width() : c.hidden;
-    units.push_back({u,
-                     {weight(u + ".fc.weight", c.hidden, in, 1.0 / std::sqrt(static_cast<double>(in))),
-                      bias(u + ".fc.bias", c.hidden)}});
-  }
-  units.push_back(
-      {"head", {weight("head.weight", c.vocab_size, c.hidden, kHeadInitStd), bias("head.bias", c.vocab_size)}});
+  units.push_back(embed_unit(c));
+  for (int i = 0; i < c.layers; ++i) units.push_back(layer_unit(c, i));
+  units.push_back(head_unit(c));
   return units;
 }
 
 std::size_t mlp_num_params(const MlpConfig& config) {
-  std::size_t total = 0;
-  for (const UnitSpec& unit : mlp_units(config)) {
-    for (const ParamSpec& p : unit.params) total += p.numel();
-  }
-  return total;
+  validate(config);
+  // The first layer's input is the window's embeddings; the others are alike.
+  const std::size_t first =
+      checked_add<ConfigError>(detail::unit_numel(embed_unit(config)), detail::unit_numel(layer_unit(config, 0)),
+                               "zero3.model: the params of the model");
+  const std::size_t other = config.layers > 1 ? detail::unit_numel(layer_unit(config, 1)) : 0;
+  return detail::model_params(first, config.layers - 1, other, detail::unit_numel(head_unit(config)));
 }
 
 // ---- MlpModel ----------------------------------------------------------------------------------------
@@ -317,6 +335,7 @@ std::size_t MlpModel<T>::planned_activation_bytes(int micro_batch, int eval_batc
   const Index d = idx(config_.hidden);
   const Index in = idx(config_.input_width());
   const Index layers = idx(config_.layers);
+  detail::check_activation_bound(both, layers, std::max({in, d, idx(config_.vocab_size)}));
   Index elems = both * in + both * idx(config_.vocab_size) + both;  // embed_, logits_, losses
   const Index pre_sets = recompute == Recompute::full ? 1 : layers;
   for (Index l = 0; l < pre_sets; ++l) elems += (l == 0 ? both : rows) * d;  // pre_: eval uses the first

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "zero3/core/checked.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/models/gpt.hpp"
 #include "zero3/models/gpt_cuda.hpp"
@@ -12,22 +13,28 @@
 namespace zero3::models {
 namespace {
 
+// The config's int64 size as the model's int; the parser's rows already refuse what does not fit, so this
+// holds for settings made in code.
+int dim(std::int64_t v, std::string_view key) {
+  return checked_narrow<int, ConfigError>(v, fmt::format("zero3.model.{}", key));
+}
+
 GptConfig gpt_config(const config::ModelSettings& m) {
   GptConfig g;
-  g.vocab_size = static_cast<int>(m.vocab_size);
-  g.seq_len = static_cast<int>(m.seq_len);
-  g.layers = static_cast<int>(m.layers);
-  g.hidden = static_cast<int>(m.hidden_size);
-  g.heads = static_cast<int>(m.heads);
+  g.vocab_size = dim(m.vocab_size, "vocab_size");
+  g.seq_len = dim(m.seq_len, "seq_len");
+  g.layers = dim(m.layers, "layers");
+  g.hidden = dim(m.hidden_size, "hidden_size");
+  g.heads = dim(m.heads, "heads");
   return g;
 }
 
 MlpConfig mlp_config(const config::ModelSettings& m) {
   MlpConfig c;
-  c.vocab_size = static_cast<int>(m.vocab_size);
-  c.context = static_cast<int>(m.seq_len);
-  c.layers = static_cast<int>(m.layers);
-  c.hidden = static_cast<int>(m.hidden_size);
+  c.vocab_size = dim(m.vocab_size, "vocab_size");
+  c.context = dim(m.seq_len, "seq_len");
+  c.layers = dim(m.layers, "layers");
+  c.hidden = dim(m.hidden_size, "hidden_size");
   return c;
 }
 
@@ -35,14 +42,14 @@ MlpConfig mlp_config(const config::ModelSettings& m) {
 
 LlamaConfig llama_config(const config::ModelSettings& m) {
   LlamaConfig c;
-  c.vocab_size = static_cast<int>(m.vocab_size);
-  c.seq_len = static_cast<int>(m.seq_len);
-  c.layers = static_cast<int>(m.layers);
-  c.hidden = static_cast<int>(m.hidden_size);
-  c.heads = static_cast<int>(m.heads);
-  c.kv_heads = static_cast<int>(m.kv_heads);
-  c.head_dim = static_cast<int>(m.head_dim);
-  c.intermediate = static_cast<int>(m.intermediate_size);
+  c.vocab_size = dim(m.vocab_size, "vocab_size");
+  c.seq_len = dim(m.seq_len, "seq_len");
+  c.layers = dim(m.layers, "layers");
+  c.hidden = dim(m.hidden_size, "hidden_size");
+  c.heads = dim(m.heads, "heads");
+  c.kv_heads = dim(m.kv_heads, "kv_heads");
+  c.head_dim = dim(m.head_dim, "head_dim");
+  c.intermediate = dim(m.intermediate_size, "intermediate_size");
   c.rope_theta = m.rope_theta;
   c.rms_norm_eps = m.rms_norm_eps;
   c.qkv_bias = m.qkv_bias;

@@ -1,6 +1,8 @@
 #include "zero3/train/unit_trainer.hpp"
 
 #include <fmt/format.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -8,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "zero3/core/checked.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 #include "zero3/core/log.hpp"
@@ -26,12 +29,60 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
+// Host memory a unit's records take at least on every rank: its spec, its params' specs and names, its layout.
+constexpr std::uint64_t kUnitRecordBytes = 1024;
+
+std::uint64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
+
+// Free bytes of the file system of an NVMe offload path; 0 without one.
+std::uint64_t nvme_free_bytes(const config::OffloadConfig& o) {
+  if (o.device != config::OffloadDevice::nvme || !o.nvme_path) return 0;
+  struct statvfs fs {};
+  if (statvfs(o.nvme_path->c_str(), &fs) != 0) return 0;
+  return static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
+
 }  // namespace
+
+void check_model_size(const config::Config& config, int world_size, int ranks_per_node, std::uint64_t params,
+                      std::uint64_t units, std::optional<std::uint64_t> device_free_bytes) {
+  if (params == 0 && units == 0) return;
+  const auto ranks = static_cast<std::uint64_t>(std::max(1, world_size));
+  const auto local = static_cast<std::uint64_t>(std::max(1, ranks_per_node));
+  const std::uint64_t shard = params == 0 ? 0 : params / ranks + 1;
+  const std::uint64_t need = checked_add<ConfigError>(
+      checked_mul<ConfigError>(shard, std::uint64_t{4}, "memory: the fp32 master weights of a rank's shard"),
+      checked_mul<ConfigError>(units, kUnitRecordBytes, "memory: the records of the model's units"),
+      "memory: the model's lower bound per rank");
+  const std::uint64_t host = host_memory_bytes() / local;
+  const std::uint64_t nvme =
+      (nvme_free_bytes(config.zero.offload_param) + nvme_free_bytes(config.zero.offload_optimizer)) / local;
+  const std::uint64_t device = device_free_bytes.value_or(0);
+  // Saturating: the sum only has to exceed what is needed.
+  const std::uint64_t have = std::min(host + nvme, ~std::uint64_t{0} - device) + device;
+  if (need <= have) return;
+  constexpr double kGiB = 1 << 30;
+  const std::string master =
+      params == 0
+          ? std::string()
+          : fmt::format("its {} params' fp32 master weights alone need {:.2f} GiB per rank (world size {}) and ",
+                        params, static_cast<double>(shard * 4) / kGiB, world_size);
+  throw ConfigError(fmt::format(
+      "memory: the model does not fit: {}the records of its {} units {:.2f} GiB, past the {:.2f} GiB a rank has in "
+      "all (host memory {:.2f} GiB, device {:.2f} GiB, NVMe offload paths {:.2f} GiB free); lower zero3.model.layers "
+      "or the model's sizes",
+      master, units, static_cast<double>(units * kUnitRecordBytes) / kGiB, static_cast<double>(have) / kGiB,
+      static_cast<double>(host) / kGiB, static_cast<double>(device) / kGiB, static_cast<double>(nvme) / kGiB));
+}
 
 ActivationPlan plan_activations(const models::UnitModel& model, const config::Config& config, std::int64_t micro_batch,
                                 int eval_batch, int len, MemoryKind kind) {
   const models::UnitModel::ActivationShape shape{
-      .micro_batch = static_cast<int>(micro_batch),
+      .micro_batch = checked_narrow<int, ConfigError>(micro_batch, "train_micro_batch_size_per_gpu"),
       .eval_batch = eval_batch,
       .len = len,
       .params = config.model_dtype(),
@@ -98,6 +149,10 @@ UnitTrainer::UnitTrainer(const config::Config& config, const comm::World& world,
     resources.device = make_host_device({.capacity_bytes = static_cast<std::size_t>(*check.device_memory_bytes)});
   }
   engine_ = std::make_unique<Engine>(config, world, std::move(resources));
+  // The CUDA device's memory is its own; the host backend's is the host's, counted once.
+  const std::optional<std::uint64_t> device_free =
+      engine_->device().kind() == DeviceKind::host ? std::nullopt : engine_->device().free_device_bytes();
+  check_model_size(config, world.size, world.local_size, check.model_params, check.model_units, device_free);
   model_ = make_model(engine_->device());
   offload_kept_inputs(config);
   check_memory(config, world, check);

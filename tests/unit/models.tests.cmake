@@ -24,4 +24,7 @@ if(TARGET zero3_models)
   # The models' planned activations (the memory plan's activations category) against what they hold.
   zero3_unit_test(activation_plan SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_activation_plan.cpp LIBS zero3_models
                   fmt::fmt)
+  # Sizes at the edges of their types: param counts, widths, activation plans, the check before units exist.
+  zero3_unit_test(model_sizes SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_model_sizes.cpp
+                  LIBS zero3_model_factory zero3_models zero3_train zero3_config)
 endif()

@@ -85,6 +85,8 @@ void print_table(const MemoryPlan& plan, const config::Config& cfg, std::uint64_
 void run_plan(const PlanOptions& o) {
   const config::Config cfg = load_train_config(o.train, o.world_size, "--world-size");
   const config::ModelSettings& ms = *cfg.zero3.model;
+  // The plan is of ranks elsewhere; this host holds the model's unit records alone, so it checks those.
+  train::check_model_size(cfg, 1, 1, 0, static_cast<std::uint64_t>(ms.layers) + 2, std::nullopt);
   const std::unique_ptr<Device> host = make_host_device();
   const std::unique_ptr<models::UnitModel> model = models::make_train_model(ms, *host);
   const int ranks_per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min(o.world_size, 8);

@@ -187,7 +187,9 @@ void train_job(const TrainOptions& o, const comm::World& world, const std::share
       .eval_batch = static_cast<int>((data.heldout_windows() + world.size - 1) / world.size),
       .len = static_cast<int>(ms.seq_len),
       .device_memory_bytes = std::nullopt,
-      .checkpoint_staging_bytes = o.save_dir.empty() ? 0 : trainer_options(o, cfg).checkpoint.staging_bytes};
+      .checkpoint_staging_bytes = o.save_dir.empty() ? 0 : trainer_options(o, cfg).checkpoint.staging_bytes,
+      .model_params = models::train_model_params(ms),
+      .model_units = static_cast<std::uint64_t>(ms.layers) + 2};
   if (o.device_memory_gb) check.device_memory_bytes = static_cast<std::uint64_t>(*o.device_memory_gb * (1 << 30));
   train::UnitTrainer unit_trainer(
       cfg, world, bootstrap, [&](Device& device) { return models::make_train_model(ms, device); }, check);

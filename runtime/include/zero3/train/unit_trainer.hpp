@@ -67,7 +67,20 @@ struct MemoryCheck {
   std::optional<std::uint64_t> device_memory_bytes;
   // The checkpoint staging area a save may fill (ckpt::CheckpointerOptions::staging_bytes), 0 without saves.
   std::uint64_t checkpoint_staging_bytes = 0;
+  // The model's size before it declares its units (models::train_model_params, zero3.model.layers + 2), for
+  // check_model_size; 0 of both: not checked.
+  std::uint64_t model_params = 0;
+  std::uint64_t model_units = 0;
 };
+
+// Refuses (ConfigError) a model whose fp32 master weights alone, this rank's shard of `params`, and the records
+// of its `units` do not fit all the memory a rank could keep them in: its share of the host's memory, the
+// device's free memory (`device_free_bytes`, where it is not the host's) and its share of the free space of the
+// NVMe offload paths. A lower bound of the memory plan, cheap enough to run before the model declares its units,
+// so that a model no memory could hold (10^8 layers) is refused instead of failing to allocate their specs.
+// 0 params checks the units' records alone; 0 of both checks nothing.
+void check_model_size(const config::Config& config, int world_size, int ranks_per_node, std::uint64_t params,
+                      std::uint64_t units, std::optional<std::uint64_t> device_free_bytes);
 
 // The activations part of a job's memory plan: what `model` plans for a train micro-batch of `micro_batch`
 // windows and held-out passes of `eval_batch`, `len` tokens each, with `config`'s params dtype, checkpointing

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `zero3 train` with model sizes past a 32-bit int or past any memory, as a user would give them on the command
+# line: each is refused as a config error (exit status 2) within seconds, naming the key and the value (or the
+# model that does not fit), never building a wrapped model or failing to allocate.
+# usage: int_cli_test.sh ZERO3 CONFIGS_DIR
+set -u
+zero3=$1
+configs=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+cfg=$configs/gpt-tiny-offload.json
+
+# refused NAME EXPECTED_TEXT ARGS...: the run exits with status 2 in under 30 s, its output holds EXPECTED_TEXT
+# and no bad_alloc.
+refused() {
+  local name=$1 expected=$2
+  shift 2
+  local out=$tmp/$name.out status
+  timeout 30 "$zero3" train --config "$cfg" --steps 1 --progress off --run-dir "$tmp/run" "$@" >"$out" 2>&1
+  status=$?
+  [[ $status -eq 2 ]] || fail "$name: exit status $status, expected 2: $(tail -3 "$out")"
+  grep -qF -- "$expected" "$out" || fail "$name: no '$expected' in: $(tail -3 "$out")"
+  if grep -q "bad_alloc" "$out"; then fail "$name: bad_alloc"; fi
+  [[ $status -eq 2 ]] && echo "ok: $name: $(grep -m1 -F -- "$expected" "$out")"
+}
+
+refused layers_2p32_plus_1 "zero3.model.layers: 4294967297 is out of range (1 .. 2147483647, a 32-bit integer)" \
+  --model.layers 4294967297
+refused hidden_2p32_plus_64 "zero3.model.hidden_size: 4294967360 is out of range (1 .. 2147483647, a 32-bit integer)" \
+  --model.hidden_size 4294967360
+refused layers_2p32 "zero3.model.layers: 4294967296 is out of range (1 .. 2147483647, a 32-bit integer)" \
+  --model.layers 4294967296
+refused layers_fraction "zero3.model.layers: expected an integer > 0, got 1.5 (a fractional number)" \
+  --model.layers 1.5
+refused layers_negative "zero3.model.layers: must be > 0, got -1" --model.layers -1
+# 10^8 layers fit an int: the memory check refuses the model before it declares a unit.
+refused layers_1e8 "memory: the model does not fit" --model.layers 100000000
+refused layers_1e8_float "memory: the model does not fit" --model.layers 1e8
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures failure(s)"
+  exit 1
+fi
+echo "int_cli: all passed"
