@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -58,21 +59,38 @@ Json training_state_json(const TrainingState& s) {
           {"scaler_hysteresis_left", s.scaler_hysteresis_left}};
 }
 
-TrainingState training_state_from_json(const Json& j, const std::string& source) {
-  try {
-    TrainingState s;
-    s.global_step = j.at("global_step").get<std::int64_t>();
-    s.skipped_steps = j.at("skipped_steps").get<std::int64_t>();
-    s.applied_steps = j.at("applied_steps").get<std::int64_t>();
-    s.lr_iteration = j.at("lr_iteration").get<std::int64_t>();
-    s.loss_scale = j.at("loss_scale").get<double>();
-    s.scaler_iteration = j.at("scaler_iteration").get<std::int64_t>();
-    s.scaler_last_overflow = j.at("scaler_last_overflow").get<std::int64_t>();
-    s.scaler_hysteresis_left = j.at("scaler_hysteresis_left").get<std::int64_t>();
-    return s;
-  } catch (const Json::exception& e) {
-    throw CheckpointError(fmt::format("{}: state.engine: {}", source, e.what()));
+// A counter of state.engine: a JSON integer that int64 holds. nlohmann's get<std::int64_t> would truncate 1.5
+// and wrap 2^63, so the value is checked first.
+std::int64_t engine_counter(const Json& j, const char* key, const std::string& source) {
+  const auto it = j.find(key);
+  if (it == j.end()) throw CheckpointError(fmt::format("{}: state.engine.{}: missing", source, key));
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  const bool fits = it->is_number_unsigned() ? it->get<std::uint64_t>() <= kMax : it->is_number_integer();
+  if (!fits) {
+    throw CheckpointError(
+        fmt::format("{}: state.engine.{}: expected an integer in the 64-bit range, got {}", source, key, it->dump()));
   }
+  return it->get<std::int64_t>();
+}
+
+TrainingState training_state_from_json(const Json& j, const std::string& source) {
+  if (!j.is_object())
+    throw CheckpointError(fmt::format("{}: state.engine: expected an object, got {}", source, j.dump()));
+  TrainingState s;
+  s.global_step = engine_counter(j, "global_step", source);
+  s.skipped_steps = engine_counter(j, "skipped_steps", source);
+  s.applied_steps = engine_counter(j, "applied_steps", source);
+  s.lr_iteration = engine_counter(j, "lr_iteration", source);
+  s.scaler_iteration = engine_counter(j, "scaler_iteration", source);
+  s.scaler_last_overflow = engine_counter(j, "scaler_last_overflow", source);
+  s.scaler_hysteresis_left = engine_counter(j, "scaler_hysteresis_left", source);
+  const auto scale = j.find("loss_scale");
+  if (scale == j.end() || !scale->is_number()) {
+    throw CheckpointError(fmt::format("{}: state.engine.loss_scale: expected a number, got {}", source,
+                                      scale == j.end() ? std::string("nothing") : scale->dump()));
+  }
+  s.loss_scale = scale->get<double>();
+  return s;
 }
 
 // The dtype the checkpoint stores `kind` in: the engine's own storage of it (the model dtype for params,
