@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/ckpt/json_fields.hpp"
 #include "zero3/comm/typed_collectives.hpp"
 #include "zero3/comm/watchdog.hpp"
 #include "zero3/config/parse.hpp"
@@ -59,37 +60,19 @@ Json training_state_json(const TrainingState& s) {
           {"scaler_hysteresis_left", s.scaler_hysteresis_left}};
 }
 
-// A counter of state.engine: a JSON integer that int64 holds. nlohmann's get<std::int64_t> would truncate 1.5
-// and wrap 2^63, so the value is checked first.
-std::int64_t engine_counter(const Json& j, const char* key, const std::string& source) {
-  const auto it = j.find(key);
-  if (it == j.end()) throw CheckpointError(fmt::format("{}: state.engine.{}: missing", source, key));
-  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
-  const bool fits = it->is_number_unsigned() ? it->get<std::uint64_t>() <= kMax : it->is_number_integer();
-  if (!fits) {
-    throw CheckpointError(
-        fmt::format("{}: state.engine.{}: expected an integer in the 64-bit range, got {}", source, key, it->dump()));
-  }
-  return it->get<std::int64_t>();
-}
-
+// The counters of state.engine, each an integer int64 holds (steps at least 0; the schedule's and the scaler's
+// iterations and the scaler's last overflow start at -1, as DeepSpeed's last_batch_iteration does).
 TrainingState training_state_from_json(const Json& j, const std::string& source) {
-  if (!j.is_object())
-    throw CheckpointError(fmt::format("{}: state.engine: expected an object, got {}", source, j.dump()));
+  const JsonFields f(j, "state.engine", source);
   TrainingState s;
-  s.global_step = engine_counter(j, "global_step", source);
-  s.skipped_steps = engine_counter(j, "skipped_steps", source);
-  s.applied_steps = engine_counter(j, "applied_steps", source);
-  s.lr_iteration = engine_counter(j, "lr_iteration", source);
-  s.scaler_iteration = engine_counter(j, "scaler_iteration", source);
-  s.scaler_last_overflow = engine_counter(j, "scaler_last_overflow", source);
-  s.scaler_hysteresis_left = engine_counter(j, "scaler_hysteresis_left", source);
-  const auto scale = j.find("loss_scale");
-  if (scale == j.end() || !scale->is_number()) {
-    throw CheckpointError(fmt::format("{}: state.engine.loss_scale: expected a number, got {}", source,
-                                      scale == j.end() ? std::string("nothing") : scale->dump()));
-  }
-  s.loss_scale = scale->get<double>();
+  s.global_step = f.i64("global_step", 0);
+  s.skipped_steps = f.i64("skipped_steps", 0);
+  s.applied_steps = f.i64("applied_steps", 0);
+  s.lr_iteration = f.i64("lr_iteration", -1);
+  s.scaler_iteration = f.i64("scaler_iteration", -1);
+  s.scaler_last_overflow = f.i64("scaler_last_overflow", -1);
+  s.scaler_hysteresis_left = f.i64("scaler_hysteresis_left", 0);
+  s.loss_scale = f.number("loss_scale");
   return s;
 }
 
@@ -484,9 +467,10 @@ struct Checkpointer::Impl {
     result.tag = m.tag;
     result.step = m.step;
     result.saved_world_size = m.world_size;
-    result.trainer_state = m.state.value("trainer", Json::object());
+    result.manifest = (reader->dir() / "manifest.json").string();
     if (std::optional<std::string> note = storage_note(m)) result.notes.push_back(std::move(*note));
     try {
+      result.trainer_state = JsonFields(m.state, "state", result.manifest).object_or_empty("trainer").get_object();
       const std::vector<ParamSlice> slices = engine.state().local_slices(/*owned=*/false);
       const DType param_dtype = engine.config().model_dtype();
       const std::size_t max_block = block_bytes();
@@ -547,7 +531,7 @@ struct Checkpointer::Impl {
         flush();
       }
       engine.state().restore_training_state(
-          training_state_from_json(m.state.at("engine"), (reader->dir() / "manifest.json").string()));
+          training_state_from_json(JsonFields(m.state, "state", result.manifest).get("engine"), result.manifest));
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -585,7 +569,8 @@ struct Checkpointer::Impl {
     const Manifest& m = reader.manifest();
     const std::string where = (reader.dir() / "manifest.json").string();
     const std::string job_optimizer(config::to_string(engine.config().optimizer->type));
-    const std::string saved_optimizer = m.state.value("optimizer", std::string());
+    const JsonFields state(m.state, "state", where);
+    const std::string saved_optimizer = state.has("optimizer") ? state.string("optimizer") : std::string();
     if (saved_optimizer != job_optimizer) {
       throw CheckpointError(
           fmt::format("{}: the checkpoint's optimizer is {}, the job's is {} (optimizer.type): their states differ",

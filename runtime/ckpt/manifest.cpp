@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "zero3/ckpt/checkpoint.hpp"
+#include "zero3/ckpt/json_fields.hpp"
 #include "zero3/core/error.hpp"
 
 namespace zero3::ckpt {
@@ -28,82 +29,25 @@ std::string hex64(std::uint64_t v) {
   return fmt::format("{:016x}", v);
 }
 
-// Typed access to the fields of one JSON object; errors say "<source>: field <path>: <problem>".
-class Fields {
- public:
-  Fields(const json& j, std::string path, const std::string& source) : j_(j), path_(std::move(path)), source_(source) {
-    if (!j_.is_object()) fail(path_, fmt::format("expected an object, got {}", j_.type_name()));
-  }
+using Fields = JsonFields;
 
-  const json& get(std::string_view key) const {
-    auto it = j_.find(key);
-    if (it == j_.end()) fail(sub(key), "missing");
-    return *it;
-  }
-  std::string string(std::string_view key) const {
-    const json& v = get(key);
-    if (!v.is_string()) fail(sub(key), fmt::format("expected a string, got {}", v.dump()));
-    return v.get<std::string>();
-  }
-  std::uint64_t u64(std::string_view key) const {
-    const json& v = get(key);
-    if (v.is_number_unsigned()) return v.get<std::uint64_t>();
-    if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
-    fail(sub(key), fmt::format("expected a non-negative integer, got {}", v.dump()));
-  }
-  std::int64_t i64(std::string_view key) const {
-    const json& v = get(key);
-    if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<std::uint64_t>() > kMaxI64)) {
-      return v.get<std::int64_t>();
-    }
-    fail(sub(key), fmt::format("expected an integer, got {}", v.dump()));
-  }
-  int int32(std::string_view key, int min_value) const {
-    const std::int64_t v = i64(key);
-    if (v < min_value || v > std::numeric_limits<int>::max()) {
-      fail(sub(key), fmt::format("{} is out of range (at least {})", v, min_value));
-    }
-    return static_cast<int>(v);
-  }
-  bool boolean(std::string_view key) const {
-    const json& v = get(key);
-    if (!v.is_boolean()) fail(sub(key), fmt::format("expected true or false, got {}", v.dump()));
-    return v.get<bool>();
-  }
-  DType dtype(std::string_view key) const {
-    const std::string s = string(key);
-    if (auto t = manifest_dtype(s)) return *t;
-    fail(sub(key), fmt::format("unknown dtype \"{}\" (fp32, bf16 or fp16)", s));
-  }
-  std::uint64_t hash(std::string_view key) const {
-    const std::string s = string(key);
-    std::uint64_t v = 0;
-    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
-    if (s.size() != 16 || ec != std::errc() || end != s.data() + s.size()) {
-      fail(sub(key), fmt::format("expected 16 hex digits, got \"{}\"", s));
-    }
-    return v;
-  }
-  const json& array(std::string_view key) const {
-    const json& v = get(key);
-    if (!v.is_array()) fail(sub(key), fmt::format("expected an array, got {}", v.type_name()));
-    return v;
-  }
-  std::string sub(std::string_view key) const {
-    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
-  }
-  const std::string& source() const { return source_; }
+// Only the manifest's own spellings (dtype_name()).
+DType field_dtype(const Fields& f, std::string_view key) {
+  const std::string s = f.string(key);
+  if (auto t = manifest_dtype(s)) return *t;
+  f.fail(f.sub(key), fmt::format("unknown dtype \"{}\" (fp32, bf16 or fp16)", s));
+}
 
-  [[noreturn]] void fail(const std::string& path, const std::string& problem) const {
-    throw CheckpointError(fmt::format("{}: field {}: {}", source_, path.empty() ? "(top level)" : path, problem));
+// 16 hex digits (hex64).
+std::uint64_t field_hash(const Fields& f, std::string_view key) {
+  const std::string s = f.string(key);
+  std::uint64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
+  if (s.size() != 16 || ec != std::errc() || end != s.data() + s.size()) {
+    f.fail(f.sub(key), fmt::format("expected 16 hex digits, got \"{}\"", s));
   }
-
- private:
-  static constexpr auto kMaxI64 = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
-  const json& j_;
-  std::string path_;
-  const std::string& source_;
-};
+  return v;
+}
 
 json chunk_to_json(const ChunkEntry& c) {
   return json{{"param", c.param}, {"kind", c.kind},     {"dtype", dtype_name(c.dtype)}, {"first", c.first},
@@ -115,11 +59,11 @@ ChunkEntry chunk_from_json(const json& j, const std::string& path, const std::st
   ChunkEntry c;
   c.param = f.string("param");
   c.kind = f.string("kind");
-  c.dtype = f.dtype("dtype");
+  c.dtype = field_dtype(f, "dtype");
   c.first = f.u64("first");
   c.count = f.u64("count");
   c.offset = f.u64("offset");
-  c.xxh64 = f.hash("xxh64");
+  c.xxh64 = field_hash(f, "xxh64");
   if (c.param.empty()) f.fail(f.sub("param"), "empty");
   if (c.kind.empty()) f.fail(f.sub("kind"), "empty");
   return c;
@@ -131,7 +75,7 @@ FileSummary file_from_json(const json& j, const std::string& path, const std::st
   s.name = f.string("name");
   s.rank = f.int32("rank", 0);
   s.bytes = f.u64("bytes");
-  s.xxh64 = f.hash("xxh64");
+  s.xxh64 = field_hash(f, "xxh64");
   // A name is a plain file in the checkpoint directory, never a path out of it.
   if (s.name.empty() || s.name == "." || s.name == ".." || s.name.find('/') != std::string::npos ||
       s.name.find('\0') != std::string::npos) {
@@ -163,7 +107,7 @@ ParamInfo param_from_json(const json& j, const std::string& path, const std::str
   ParamInfo p;
   p.name = f.string("name");
   p.unit = f.string("unit");
-  p.dtype = f.dtype("dtype");
+  p.dtype = field_dtype(f, "dtype");
   p.trainable = f.boolean("trainable");
   if (p.name.empty()) f.fail(f.sub("name"), "empty");
   const json& shape = f.array("shape");
@@ -245,15 +189,16 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& source) 
   }
   Manifest m;
   m.tag = f.string("tag");
-  m.step = f.i64("step");
+  m.step = f.i64("step", 0);
   m.world_size = f.int32("world_size", 1);
   m.config = f.get("config");
   m.config_hash = f.string("config_hash");
-  m.state = f.get("state");
+  m.state = f.get("state");  // null from a writer given no state, else an object
+  if (!m.state.is_null()) Fields(m.state, "state", source);
   if (j.contains("optimizer_storage")) {  // absent before 16-bit storage: fp32
     const Fields storage(f.get("optimizer_storage"), "optimizer_storage", source);
-    m.master_dtype = storage.dtype("master");
-    m.state_dtype = storage.dtype("state");
+    m.master_dtype = field_dtype(storage, "master");
+    m.state_dtype = field_dtype(storage, "state");
   }
   const json& params = f.array("params");
   m.params.reserve(params.size());

@@ -439,6 +439,23 @@ TEST_CASE("ckpt: the manifest's JSON round-trips and names a bad field", "[ckpt]
   bad = j;
   bad.erase("step");
   REQUIRE_THROWS_WITH(ckpt::manifest_from_json(bad, "src"), Equals("src: field step: missing"));
+  // Integers are read only where their type holds them: no truncation of 1.5, no wrap of 2^63.
+  bad["step"] = 1.5;
+  REQUIRE_THROWS_WITH(ckpt::manifest_from_json(bad, "src"),
+                      Equals("src: field step: expected an integer (at least 0), got 1.5"));
+  bad["step"] = std::uint64_t{1} << 63;
+  REQUIRE_THROWS_WITH(ckpt::manifest_from_json(bad, "src"),
+                      Equals("src: field step: expected an integer (at least 0), got 9223372036854775808"));
+  bad["step"] = -1;
+  REQUIRE_THROWS_WITH(ckpt::manifest_from_json(bad, "src"), Equals("src: field step: -1 is out of range (at least 0)"));
+  bad = j;
+  bad["world_size"] = std::int64_t{1} << 32;
+  REQUIRE_THROWS_WITH(ckpt::manifest_from_json(bad, "src"),
+                      Equals("src: field world_size: 4294967296 is out of range (1 .. 2147483647)"));
+  bad = j;
+  bad["state"] = 7;
+  REQUIRE_THROWS_WITH(ckpt::manifest_from_json(bad, "src"),
+                      Equals("src: field state: expected an object, got number"));  // null: no state
   bad = j;
   bad["version"] = 2;
   REQUIRE_THROWS_WITH(ckpt::manifest_from_json(bad, "src"),

@@ -81,6 +81,7 @@ struct LoadResult {
   std::int64_t step = 0;
   int saved_world_size = 1;
   nlohmann::json trainer_state;  // what the saver passed as trainer_state
+  std::string manifest;          // the manifest's path, for messages about the trainer state's fields
   std::uint64_t bytes_read = 0;  // by this rank
   // What the load converted, one line each, the same on every rank (rank 0 also emits each as an event):
   // optimizer storage dtypes that differ from the job's ("checkpoint_storage_converted").
