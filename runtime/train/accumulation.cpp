@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "zero3/ckpt/json_fields.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/events.hpp"
 #include "zero3/core/log.hpp"
@@ -121,10 +122,11 @@ nlohmann::json MemoryAccumulation::state(const Engine& engine) const {
           {"settling", settling_}};
 }
 
-void MemoryAccumulation::restore(Engine& engine, const nlohmann::json& trainer_state) {
-  const auto it = trainer_state.find(kStateKey);
-  if (it == trainer_state.end()) return;
-  const std::int64_t micro = it->value("micro_batch", std::int64_t{0});
+void MemoryAccumulation::restore(Engine& engine, const nlohmann::json& trainer_state, const std::string& source) {
+  const ckpt::JsonFields all(trainer_state, "state.trainer", source);
+  if (!all.has(kStateKey)) return;
+  const ckpt::JsonFields s = all.object_or_empty(kStateKey);
+  const std::int64_t micro = s.i64("micro_batch", 1);
   if (!std::binary_search(choices_.begin(), choices_.end(), micro)) {
     log::warn(
         "resume: the checkpoint trained with micro-batch {}, which this job's batch does not allow; starting at {}",
@@ -133,9 +135,9 @@ void MemoryAccumulation::restore(Engine& engine, const nlohmann::json& trainer_s
   }
   const config::BatchConfig& b = engine.config().batch;
   engine.set_accumulation(micro, b.train_batch_size / b.world_size / micro);
-  high_rounds_ = it->value("high_rounds", std::int64_t{0});
-  low_rounds_ = it->value("low_rounds", std::int64_t{0});
-  settling_ = it->value("settling", false);
+  high_rounds_ = s.i64_or("high_rounds", 0, 0);
+  low_rounds_ = s.i64_or("low_rounds", 0, 0);
+  settling_ = s.boolean_or("settling", false);
 }
 
 }  // namespace zero3::train

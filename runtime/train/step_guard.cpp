@@ -61,8 +61,12 @@ nlohmann::json LossSpikeDetector::state() const {
 }
 
 void LossSpikeDetector::restore(const nlohmann::json& state) {
-  accepted_ = state.value("accepted", std::int64_t{0});
-  const std::vector<double> w = state.value("window", std::vector<double>{});
+  restore(ckpt::JsonFields(state, "", "the loss spike detector's state"));
+}
+
+void LossSpikeDetector::restore(const ckpt::JsonFields& state) {
+  accepted_ = state.i64_or("accepted", 0, 0);
+  const std::vector<double> w = state.finite_numbers_or_empty("window");
   window_.assign(w.begin(), w.end());
   while (static_cast<std::int64_t>(window_.size()) > settings_.window) window_.pop_front();
 }
@@ -188,14 +192,16 @@ nlohmann::json StepGuard::state() const {
           {"detector", detector_.state()}};
 }
 
-void StepGuard::restore(const nlohmann::json& trainer_state) {
-  const nlohmann::json s = trainer_state.value(kStateKey, nlohmann::json::object());
-  data_offset_ = s.value("data_offset", std::int64_t{0});
-  ramp_total_ = s.value("ramp_total", std::int64_t{0});
-  ramp_done_ = s.value("ramp_done", std::int64_t{0});
-  consecutive_spikes_ = s.value("consecutive_spikes", std::int64_t{0});
+// Each counter at least 0; the data offset also leaves data_step() within int64 for any step of the run.
+void StepGuard::restore(const nlohmann::json& trainer_state, const std::string& source) {
+  const ckpt::JsonFields s = ckpt::JsonFields(trainer_state, "state.trainer", source).object_or_empty(kStateKey);
+  constexpr std::int64_t kMax = ckpt::JsonFields::kMaxI64;
+  data_offset_ = s.i64_or("data_offset", 0, 0, kMax / 2);
+  ramp_total_ = s.i64_or("ramp_total", 0, 0);
+  ramp_done_ = s.i64_or("ramp_done", 0, 0);
+  consecutive_spikes_ = s.i64_or("consecutive_spikes", 0, 0);
   detector_ = LossSpikeDetector(settings_);
-  detector_.restore(s.value("detector", nlohmann::json::object()));
+  detector_.restore(s.object_or_empty("detector"));
 }
 
 }  // namespace zero3::train

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "zero3/core/error.hpp"
 #include "zero3/core/log.hpp"
@@ -101,10 +103,22 @@ nlohmann::json TokenWindows::position(std::int64_t steps) const {
           {"data", source_->describe()}};
 }
 
+// Only a warning: a value that is not an integer int64 holds is quoted as it stands, and counts as different.
 void TokenWindows::check_resume(const nlohmann::json& saved, std::int64_t step) const {
-  const std::int64_t batch = saved.value("global_batch", global_batch_);
-  const std::int64_t seed = saved.value("seed", seed_);
-  if (batch == global_batch_ && seed == seed_) return;
+  const auto same = [&](const char* key, std::int64_t mine) {
+    const auto it = saved.is_object() ? saved.find(key) : saved.end();
+    if (it == saved.end()) return std::pair{true, fmt::format("{}", mine)};  // older checkpoints: as this job's
+    bool equal = false;
+    if (it->is_number_unsigned()) {
+      equal = mine >= 0 && it->get<std::uint64_t>() == static_cast<std::uint64_t>(mine);
+    } else if (it->is_number_integer()) {
+      equal = it->get<std::int64_t>() == mine;
+    }
+    return std::pair{equal, it->dump()};
+  };
+  const auto [same_batch, batch] = same("global_batch", global_batch_);
+  const auto [same_seed, seed] = same("seed", seed_);
+  if (same_batch && same_seed) return;
   log::warn(
       "resume: the checkpoint was trained with seed {} and global batch {}, this job has seed {} and batch {}: the "
       "data stream after step {} differs from the original run's",

@@ -95,8 +95,8 @@ std::int64_t Trainer::resume() {
   const ckpt::LoadResult loaded =
       checkpointer_->load(options_.resume == "latest" ? options_.save_dir : options_.resume);
   data_.check_resume(loaded.trainer_state, loaded.step);
-  guard_->restore(loaded.trainer_state);
-  if (accumulation_) accumulation_->restore(unit_trainer_.engine(), loaded.trainer_state);
+  guard_->restore(loaded.trainer_state, loaded.manifest);
+  if (accumulation_) accumulation_->restore(unit_trainer_.engine(), loaded.trainer_state, loaded.manifest);
   has_checkpoint_ = options_.resume == "latest" || options_.resume == options_.save_dir;
   notify([&](TrainObserver& o) { o.on_resume(loaded); });
   return loaded.step;

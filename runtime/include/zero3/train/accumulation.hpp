@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "zero3/config/config.hpp"
@@ -59,9 +60,10 @@ class MemoryAccumulation {
   double last_use() const { return last_use_; }
 
   // For a checkpoint's trainer state; restore() takes it back (absent: nothing changes) and sets the
-  // engine's accumulation to the saved one, when this job's batch allows it (else a warning).
+  // engine's accumulation to the saved one, when this job's batch allows it (else a warning). A field of the
+  // wrong type or out of range is a CheckpointError naming it and `source` (LoadResult::manifest).
   nlohmann::json state(const Engine& engine) const;
-  void restore(Engine& engine, const nlohmann::json& trainer_state);
+  void restore(Engine& engine, const nlohmann::json& trainer_state, const std::string& source = "the trainer state");
   static constexpr const char* kStateKey = "accumulation";
 
  private:

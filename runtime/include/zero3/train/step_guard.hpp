@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zero3/ckpt/checkpointer.hpp"
+#include "zero3/ckpt/json_fields.hpp"
 #include "zero3/comm/communicator.hpp"
 #include "zero3/config/config.hpp"
 #include "zero3/engine/engine.hpp"
@@ -42,6 +43,9 @@ class LossSpikeDetector {
   void accept(double loss);          // a normal step's loss joins the window
   nlohmann::json state() const;
   void restore(const nlohmann::json& state);
+  // The same from a checkpoint's fields: CheckpointError naming the field when one is of the wrong type or
+  // out of range.
+  void restore(const ckpt::JsonFields& state);
 
  private:
   config::SpikeSettings settings_;
@@ -72,9 +76,11 @@ class StepGuard {
 
   // The data step optimizer step index `step` trains on (step + the batches skipped by rollbacks).
   std::int64_t data_step(std::int64_t step) const { return step + data_offset_; }
-  // The guard's state for a checkpoint's trainer state, and its restore (absent: a fresh guard).
+  // The guard's state for a checkpoint's trainer state, and its restore (absent: a fresh guard). `source`
+  // names the file in errors (LoadResult::manifest): a field of the wrong type or out of range is a
+  // CheckpointError naming it.
   nlohmann::json state() const;
-  void restore(const nlohmann::json& trainer_state);
+  void restore(const nlohmann::json& trainer_state, const std::string& source = "the trainer state");
   static constexpr const char* kStateKey = "step_guard";
 
  private:
