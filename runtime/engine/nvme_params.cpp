@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "nvme_optimizer.hpp"
+#include "zero3/core/checked.hpp"
 #include "zero3/core/error.hpp"
 #include "zero3/core/trace.hpp"
 
@@ -104,7 +105,9 @@ MemoryTable nvme_params_memory(const config::Config& config, const Layout& layou
   const std::size_t buffer = nvme_params_buffer_bytes(config, layout, dtype);
   if (buffer > 0) {
     const auto count = static_cast<std::uint64_t>(std::max<std::int64_t>(p.buffer_count, 1));
-    t.at(kind, MemCategory::staging) += count * (buffer + kDirectAlign);
+    // A count past what memory could ever hold is refused by the plan, not wrapped into a small one.
+    t.at(kind, MemCategory::staging) += checked_mul<ConfigError>(
+        count, std::uint64_t{buffer} + kDirectAlign, "zero_optimization.offload_param.buffer_count x buffer bytes");
   }
   t.at(MemoryKind::pageable_host, MemCategory::staging) += SwapFile::kBounceBytes + 2 * kDirectAlign;
   return t;
