@@ -7,8 +7,12 @@ if(TARGET zero3_models)
                   LIBS zero3_models_internals TBB::tbb fmt::fmt)
   # Signals during host matrix products run their handlers on the thread's stack (oneDNN's AVX2 fp32 GEMM
   # kernel, forced where the CPU has more, points the stack pointer into the heap while it runs).
-  zero3_unit_test(gemm_signals SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gemm_signals.cpp LIBS zero3_models_internals)
-  set_tests_properties(unit.gemm_signals PROPERTIES ENVIRONMENT ONEDNN_MAX_CPU_ISA=AVX2)
+  # Not under ThreadSanitizer: it defers asynchronous signals and runs their handlers from its own interceptors,
+  # so where a handler's frame lies says nothing about the interrupted kernel.
+  if(NOT ZERO3_SANITIZE MATCHES "thread")
+    zero3_unit_test(gemm_signals SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gemm_signals.cpp LIBS zero3_models_internals)
+    set_tests_properties(unit.gemm_signals PROPERTIES ENVIRONMENT ONEDNN_MAX_CPU_ISA=AVX2)
+  endif()
   # The tiled attention against full attention in float64; reads flash_attention.hpp (zero3_models_internals).
   zero3_unit_test(flash_attention SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_flash_attention.cpp
                   LIBS zero3_models_internals fmt::fmt)
