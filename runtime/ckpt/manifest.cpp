@@ -10,6 +10,7 @@
 #include "zero3/ckpt/checkpoint.hpp"
 #include "zero3/ckpt/json_fields.hpp"
 #include "zero3/core/error.hpp"
+#include "zero3/core/json_integer.hpp"
 
 namespace zero3::ckpt {
 namespace {
@@ -112,11 +113,11 @@ ParamInfo param_from_json(const json& j, const std::string& path, const std::str
   if (p.name.empty()) f.fail(f.sub("name"), "empty");
   const json& shape = f.array("shape");
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    const json& d = shape[i];
-    if (!d.is_number_integer() || d.get<std::int64_t>() < 0) {
-      f.fail(fmt::format("{}[{}]", f.sub("shape"), i), fmt::format("expected a size, got {}", d.dump()));
+    const std::optional<std::int64_t> d = json_integer(shape[i]);
+    if (!d || *d < 0) {
+      f.fail(fmt::format("{}[{}]", f.sub("shape"), i), fmt::format("expected a size, got {}", shape[i].dump()));
     }
-    p.shape.push_back(d.get<std::int64_t>());
+    p.shape.push_back(*d);
   }
   // numel() and every byte count derived from it stay in 64 bits.
   std::uint64_t numel = 1;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "parse_blocks.hpp"
+#include "zero3/core/json_integer.hpp"
 
 namespace zero3::config::detail {
 namespace {
@@ -53,14 +54,12 @@ HfShape read_hf_config(ObjectReader& r, ModelSettings& m) {
     }
     // The zero3.model row's range, so that a size the model cannot hold is refused here, named by the file's key.
     const std::int64_t highest = int_highest(find_key(blocks::zero3_model, zero3_key)->type);
-    const bool fits = v->is_number_unsigned() ? v->get<std::uint64_t>() >= 1 &&
-                                                    v->get<std::uint64_t>() <= static_cast<std::uint64_t>(highest)
-                                              : v->is_number_integer() && v->get<std::int64_t>() >= 1;
-    if (!fits) {
+    const std::optional<std::int64_t> n = json_integer(*v);
+    if (!n || *n < 1 || *n > highest) {
       fail(fmt::format("\"{}\" must be an integer in [1, {}], got {}", name, highest, v->dump()));
       return;
     }
-    out = v->get<std::int64_t>();
+    out = *n;
     shape.keys.insert(zero3_key);
   };
   read_int("num_hidden_layers", m.layers, "layers", true);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "parse_blocks.hpp"
+#include "zero3/core/json_integer.hpp"
 
 namespace zero3::config::detail {
 
@@ -153,9 +154,10 @@ void parse_pipeline(ObjectReader& top, Context& cx) {
   if (j == nullptr) return;
   ObjectReader r(*j, "pipeline", "pipeline", cx.sink);
   if (const Json* stages = r.raw("stages")) {
-    if (stages->is_number_integer() && stages->get<std::int64_t>() > 1) {
+    const std::optional<std::int64_t> n = json_integer(*stages);
+    if (n && *n > 1) {
       r.not_implemented("stages", "pipeline parallelism is not implemented");
-    } else if (!(stages->is_number_integer() && stages->get<std::int64_t>() >= 1) && !r.is_auto("stages")) {
+    } else if (!(n && *n >= 1) && !r.is_auto("stages")) {
       r.error("stages", fmt::format("expected \"auto\" or an integer >= 1, got {}", describe(*stages)));
     }
   }

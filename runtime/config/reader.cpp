@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "zero3/core/error.hpp"
+#include "zero3/core/json_integer.hpp"
 
 namespace zero3::config::detail {
 
@@ -201,14 +202,6 @@ Json row_default(const KeySpec& k) {
   return Json::parse(k.default_value, nullptr, /*allow_exceptions=*/false);
 }
 
-std::optional<std::int64_t> integral(const Json& j) {
-  if (j.is_number_integer()) return j.get<std::int64_t>();
-  if (!j.is_number_float()) return std::nullopt;
-  const double v = j.get<double>();
-  if (v != std::trunc(v) || std::abs(v) > 9.2e18) return std::nullopt;
-  return static_cast<std::int64_t>(v);
-}
-
 }  // namespace
 
 void ObjectReader::take_default(std::string_view key, bool& out) const {
@@ -216,7 +209,7 @@ void ObjectReader::take_default(std::string_view key, bool& out) const {
   if (d.is_boolean()) out = d.get<bool>();
 }
 void ObjectReader::take_default(std::string_view key, std::int64_t& out) const {
-  if (const auto v = integral(row_default(spec(key)))) out = *v;
+  if (const auto v = json_integer_or_integral_float(row_default(spec(key)))) out = *v;
 }
 void ObjectReader::take_default(std::string_view key, double& out) const {
   const Json d = row_default(spec(key));
@@ -229,7 +222,7 @@ void ObjectReader::take_default(std::string_view key, std::string& out) const {
 void ObjectReader::take_default(std::string_view key, std::optional<std::int64_t>& out) const {
   const Json d = row_default(spec(key));
   if (d.is_null()) out.reset();
-  if (const auto v = integral(d)) out = *v;
+  if (const auto v = json_integer_or_integral_float(d)) out = *v;
 }
 void ObjectReader::take_default(std::string_view key, std::optional<std::string>& out) const {
   const Json d = row_default(spec(key));
@@ -312,33 +305,6 @@ Got ObjectReader::get_bool(std::string_view key, bool& out) {
   return Got::value;
 }
 
-namespace {
-
-// Integral JSON numbers, and floats with no fractional part (5e8), become int64.
-std::optional<std::int64_t> as_int(const Json& j, bool& fractional) {
-  fractional = false;
-  if (j.is_number_unsigned()) {
-    const auto u = j.get<std::uint64_t>();
-    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return std::nullopt;
-    return static_cast<std::int64_t>(u);
-  }
-  if (j.is_number_integer()) return j.get<std::int64_t>();
-  if (j.is_number_float()) {
-    const double d = j.get<double>();
-    if (!std::isfinite(d)) return std::nullopt;
-    if (std::trunc(d) != d) {
-      fractional = true;
-      return std::nullopt;
-    }
-    // 2^63 is exactly representable; anything at or beyond it does not fit.
-    if (d >= 9223372036854775808.0 || d < -9223372036854775808.0) return std::nullopt;
-    return static_cast<std::int64_t>(d);
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
 Got ObjectReader::get_int(std::string_view key, std::int64_t& out) {
   take_default(key, out);
   const ValueType& range = spec(key).type;
@@ -347,16 +313,15 @@ Got ObjectReader::get_int(std::string_view key, std::int64_t& out) {
   if (got == Got::automatic) return on_auto(key, json_text(out));
   if (j == nullptr) return got;
   const std::string expected = range.has_range() ? "an integer " + range_text(range) : "an integer";
-  bool fractional = false;
   std::optional<std::int64_t> v;
   if (!j->is_number()) {
     if (lax_ && j->is_string()) v = lax_int(j->get_ref<const std::string&>());
     if (!v) return type_error(key, expected, *j);
     converted(key, *j, json_text(*v));
   } else {
-    v = as_int(*j, fractional);
+    v = json_integer_or_integral_float(*j);
   }
-  if (fractional) {
+  if (json_fractional(*j)) {
     error(key, fmt::format("expected {}, got {} (a fractional number)", expected, j->dump()));
     return Got::invalid;
   }

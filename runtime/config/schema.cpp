@@ -14,6 +14,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "zero3/core/json_integer.hpp"
+
 namespace zero3::config {
 
 namespace {
@@ -699,10 +701,9 @@ bool row_bool(std::string_view block, std::string_view key) {
 
 std::int64_t row_int(std::string_view block, std::string_view key) {
   const nlohmann::json j = row_default_json(block, key);
-  if (j.is_number_integer()) return j.get<std::int64_t>();
-  const double v = j.is_number_float() ? j.get<double>() : 0.5;
-  if (v != std::trunc(v) || std::abs(v) > 9.2e18) throw_row_defect(block, key, "its default is not an integer");
-  return static_cast<std::int64_t>(v);
+  const std::optional<std::int64_t> v = json_integer_or_integral_float(j);
+  if (!v) throw_row_defect(block, key, "its default is not an integer");
+  return *v;
 }
 
 double row_number(std::string_view block, std::string_view key) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "zero3/core/error.hpp"
+#include "zero3/core/json_integer.hpp"
 #include "zero3/core/log.hpp"
 
 namespace zero3::train {
@@ -108,13 +109,7 @@ void TokenWindows::check_resume(const nlohmann::json& saved, std::int64_t step) 
   const auto same = [&](const char* key, std::int64_t mine) {
     const auto it = saved.is_object() ? saved.find(key) : saved.end();
     if (it == saved.end()) return std::pair{true, fmt::format("{}", mine)};  // older checkpoints: as this job's
-    bool equal = false;
-    if (it->is_number_unsigned()) {
-      equal = mine >= 0 && it->get<std::uint64_t>() == static_cast<std::uint64_t>(mine);
-    } else if (it->is_number_integer()) {
-      equal = it->get<std::int64_t>() == mine;
-    }
-    return std::pair{equal, it->dump()};
+    return std::pair{json_integer(*it) == mine, it->dump()};
   };
   const auto [same_batch, batch] = same("global_batch", global_batch_);
   const auto [same_seed, seed] = same("seed", seed_);

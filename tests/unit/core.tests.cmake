@@ -10,3 +10,5 @@ zero3_unit_test(cpus SOURCES unit/test_cpus.cpp LIBS zero3_core)
 zero3_unit_test(core_json_text SOURCES unit/test_json_text.cpp LIBS zero3_core nlohmann_json::nlohmann_json)
 # Checked integer arithmetic (zero3/core/checked.hpp): products, sums and narrowings at the edges of their types.
 zero3_unit_test(core_checked SOURCES unit/test_checked.cpp LIBS zero3_core)
+# What a JSON integer is, for every reader of configs and files (zero3/core/json_integer.hpp).
+zero3_unit_test(core_json_integer SOURCES unit/test_json_integer.cpp LIBS zero3_core nlohmann_json::nlohmann_json)

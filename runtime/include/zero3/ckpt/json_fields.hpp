@@ -15,11 +15,13 @@
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "zero3/core/error.hpp"
+#include "zero3/core/json_integer.hpp"
 
 namespace zero3::ckpt {
 
@@ -56,9 +58,9 @@ class JsonFields {
   // An integer within [lo, hi].
   std::int64_t i64(std::string_view key, std::int64_t lo = kMinI64, std::int64_t hi = kMaxI64) const {
     const json& v = get(key);
-    const bool integer = v.is_number_integer() && !(v.is_number_unsigned() && v.get<std::uint64_t>() > kMaxU64AsI64);
+    const std::optional<std::int64_t> integer = json_integer(v);
     if (!integer) fail(sub(key), fmt::format("expected an integer{}, got {}", range_text(lo, hi), v.dump()));
-    const auto n = v.get<std::int64_t>();
+    const std::int64_t n = *integer;
     if (n < lo || n > hi) fail(sub(key), fmt::format("{} is out of range{}", n, range_text(lo, hi)));
     return n;
   }
@@ -115,7 +117,6 @@ class JsonFields {
   }
 
  private:
-  static constexpr auto kMaxU64AsI64 = static_cast<std::uint64_t>(kMaxI64);
   static std::string range_text(std::int64_t lo, std::int64_t hi) {
     if (lo == kMinI64 && hi == kMaxI64) return "";
     if (hi == kMaxI64) return fmt::format(" (at least {})", lo);
