@@ -36,11 +36,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 t_start=$(date +%s)
 
 # ---------------------------------------------------------------- the two nodes
@@ -147,8 +143,4 @@ grep -q "^done:" "$tmp/stall.out" && fail "stall: a rank printed done"
 echo "stall of rank 1 on node b: exit $rc after $elapsed s, the report names rank 1"
 
 echo "netns: $(($(date +%s) - t_start)) s"
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "two-node launch: all checks passed"
+finish "two-node launch: all checks passed"

@@ -40,11 +40,7 @@ stop_cluster() {
   fi
 }
 trap 'stop_cluster; rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 t_start=$(date +%s)
 
 # ---------------------------------------------------------------- the cluster
@@ -205,8 +201,4 @@ grep -q "^done:" "$tmp/nopmi.out" && fail "srun --mpi=none: a task trained"
 echo "srun --mpi=none: exit $rc after $elapsed s, each task names the missing PMI"
 
 echo "slurm: $(($(date +%s) - t_start)) s"
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "slurm launchers: all checks passed"
+finish "slurm launchers: all checks passed"

@@ -23,11 +23,7 @@ mpi_flags=("$@")
 here="$(cd "$(dirname "$0")" && pwd)"
 tmp="$(mktemp -d)"
 trap 'umount "$tmp/full" 2>/dev/null; rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 run() {  # run NP ARGS...: zero3 train at NP ranks, quiet
   local np="$1"
   shift
@@ -227,8 +223,4 @@ expect_error "bit flip" "rank_00000.bin" --config "$tmp/bf16-ondevice.json" --re
 truncate -s 100 "$tmp/corrupt/global_step$((2 * k))/rank_00000.bin"
 expect_error "truncated file" "rank_00000.bin" --config "$tmp/bf16-ondevice.json" --resume "$tmp/corrupt"
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "checkpoint CLI: all checks passed"
+finish "checkpoint CLI: all checks passed"

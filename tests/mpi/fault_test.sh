@@ -22,11 +22,7 @@ timeout_s="${FAULT_TIMEOUT_S:-10}"
 bound=$((timeout_s + 30))
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 # The tiny GPT with 2 micro-batches per step (so an extra one shifts the window), timeout_s from above.
 for guard in false true; do
@@ -137,8 +133,4 @@ for name in dict.fromkeys(r[0] for r in rows):
 PY
 fi
 
-if [ "$failures" -gt 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "fault injection: all cases passed ($trials trial(s) each, timeout_s $timeout_s)"
+finish "fault injection: all cases passed ($trials trial(s) each, timeout_s $timeout_s)"

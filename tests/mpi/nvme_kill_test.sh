@@ -18,11 +18,7 @@ mpi_flags=("$@")
 here="$(cd "$(dirname "$0")" && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 run() {  # run ARGS...: zero3 train at 2 ranks, quiet, at most 300 s
   timeout 300 "$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --progress off "$@"
 }
@@ -111,5 +107,4 @@ for trial in 1 2 3; do
   echo "random trial $trial: killed pid $victim; the next job removed: $(echo $left | tr '\n' ' ')"
 done
 
-[[ $failures -eq 0 ]] && echo "nvme kill: all checks passed"
-exit $((failures > 0))
+finish "nvme kill: all checks passed"

@@ -27,11 +27,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 tmp="$(mktemp -d)"
 launcher=""
 trap '[[ -n "$launcher" ]] && kill -9 "$launcher" 2>/dev/null; rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 steps=300
 cd "$tmp" || exit 1  # the default run directory, ./zero3-run, lands here
 
@@ -51,7 +47,7 @@ start() {
     --log-interval 10 --heldout-samples 16 "$@" >"$tmp/$name.out" 2>&1 &
   launcher=$!
 }
-finish() {  # the job's exit status
+job_status() {  # the job's exit status
   wait "$launcher"
   local code=$?
   launcher=""
@@ -91,7 +87,7 @@ PY
 }
 
 start straight --save-dir "$tmp/straight" --metrics "$tmp/straight.jsonl"
-finish || fail "straight run: $(tail -n 3 "$tmp/straight.out")"
+job_status || fail "straight run: $(tail -n 3 "$tmp/straight.out")"
 
 # preempt NAME HOW: a job stopped at a random step by HOW (ranks: SIGTERM to each rank; mpirun: SIGUSR1 to
 # mpirun), checked, then resumed and compared with the straight run.
@@ -101,13 +97,13 @@ preempt() {
   : >"$tmp/alerts.jsonl"
   start "$name" --save-dir "$d" --metrics "$tmp/$name.jsonl"
   wait_for_step "$tmp/$name.jsonl" "$at" ||
-    { fail "$name: step $at not reached: $(tail -n 3 "$tmp/$name.out")"; finish; return; }
+    { fail "$name: step $at not reached: $(tail -n 3 "$tmp/$name.out")"; job_status; return; }
   if [[ "$how" == ranks ]]; then
     for pid in $(ranks); do kill -TERM "$pid"; done
   else
     kill -USR1 "$launcher"
   fi
-  finish
+  job_status
   local code=$?
   [[ $code -eq 75 ]] || { fail "$name: exit $code, not 75: $(tail -n 5 "$tmp/$name.out")"; return; }
   local tag
@@ -124,7 +120,7 @@ preempt() {
   has_event "$tmp/alerts.jsonl" preempt_checkpoint "$d/$tag" || fail "$name: the alert command did not get the event"
   "$zero3" ckpt info "$d" >/dev/null 2>&1 || fail "$name: the checkpoint does not verify"
   start "$name-resumed" --save-dir "$d" --resume latest --metrics "$tmp/$name-resumed.jsonl"
-  finish || { fail "$name: resumed run: $(tail -n 3 "$tmp/$name-resumed.out")"; return; }
+  job_status || { fail "$name: resumed run: $(tail -n 3 "$tmp/$name-resumed.out")"; return; }
   grep -q "resumed from checkpoint '$tag'" "$tmp/$name-resumed.out" || fail "$name: no resume line"
   python3 "$here/ckpt_tensors.py" same "$tmp/straight/global_step$steps" "$d/global_step$steps" >"$tmp/$name.same" ||
     fail "$name: final checkpoints differ: $(cat "$tmp/$name.same")"
@@ -142,7 +138,7 @@ preempt sigusr1-mpirun mpirun
 start nosave --run-dir "$tmp/nosave-run" --metrics "$tmp/nosave.jsonl"
 wait_for_step "$tmp/nosave.jsonl" 20 || fail "nosave: step 20 not reached"
 for pid in $(ranks); do kill -TERM "$pid"; done
-finish
+job_status
 code=$?
 [[ $code -eq 75 ]] || fail "nosave: exit $code, not 75"
 has_event "$tmp/nosave-run/events.jsonl" preempt_nothing_saved "nothing saved (no --save-dir)" ||
@@ -168,7 +164,7 @@ for _ in $(seq 1 100); do kill -0 "$rank0" 2>/dev/null || break; sleep 0.1; done
 elapsed=$(python3 -c "import sys; print(round($(date +%s.%N) - $t0, 2))")
 kill -0 "$rank0" 2>/dev/null && fail "second: rank 0 still runs 10 s after the second signal"
 kill -CONT "$rank1" 2>/dev/null
-finish
+job_status
 code=$?
 [[ $code -ne 0 && $code -ne 75 ]] || fail "second: exit $code (0 or 75 claim a clean stop)"
 grep -q "zero3 rank 0: SIGTERM received again: exiting at once" "$tmp/second.out" || fail "second: no 'exiting at once' notice"
@@ -198,7 +194,7 @@ while (($(date +%s%N) - t0 < 800000000)); do
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
   sleep 0.02
 done
-finish
+job_status
 code=$?
 [[ $code -eq 0 ]] || fail "finished: SIGTERM after the final report gave exit $code, not 0: $(tail -n 3 "$tmp/finished.out")"
 echo "signals after the final report: exit $code"
@@ -210,7 +206,7 @@ if mount -t tmpfs -o size=64k tmpfs "$tmp/full" 2>/dev/null; then
   start fullsave --save-dir "$tmp/full/ckpt" --run-dir "$tmp/full-run" --metrics "$tmp/fullsave.jsonl"
   wait_for_step "$tmp/fullsave.jsonl" 20 || fail "fullsave: step 20 not reached"
   for pid in $(ranks); do kill -TERM "$pid"; done
-  finish
+  job_status
   code=$?
   [[ $code -eq 1 ]] || fail "fullsave: exit $code, not 1"
   grep -q "stopped on SIGTERM after step [0-9]* of $steps, but its checkpoint could not be saved" "$tmp/fullsave.out" ||
@@ -222,8 +218,4 @@ else
   echo "preemption save on a full disk: skipped (cannot mount a tmpfs here)"
 fi
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "preemption CLI: all checks passed"
+finish "preemption CLI: all checks passed"

@@ -12,11 +12,7 @@ shift 3
 tmp="$(mktemp -d)"
 holder=""
 trap '[[ -n "$holder" ]] && kill "$holder" 2>/dev/null; rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 python3 - "$tmp/port" <<'PY' &
 import socket, sys, time
@@ -48,8 +44,4 @@ timeout 120 "$mpiexec" "$@" -np 2 "$zero3" train --progress off --config "$confi
 grep -q "progress store: listening on 127.0.0.1:[0-9]" "$tmp/free.out" ||
   fail "free port: no line saying where the progress store listens"
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "progress port: all checks passed"
+finish "progress port: all checks passed"

@@ -12,11 +12,7 @@ shift 3
 mpi_flags=("$@")
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 # The jobs: short runs of the shipped configs, fp32 variants without the bf16 block, and a small Llama on
 # synthetic data with a context of two attention tiles and more.

@@ -15,11 +15,7 @@ tmp="$(mktemp -d)"
 job_a=""
 ranks_a() { pgrep -f "zero3 train .*--steps 100000"; }  # job A's mpirun and ranks (mpirun runs in a subshell)
 trap '[[ -n "$job_a" ]] && pkill -9 -f "zero3 train .*--steps 100000"; rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 dir="$tmp/ckpt"
 train() {  # train NAME ARGS...: a 2-rank job, output in $tmp/NAME.out
   local name="$1"
@@ -64,8 +60,4 @@ train c --resume latest --steps "$end" || fail "job C after A was killed: $(tail
 [[ "$(cat "$dir/latest" 2>/dev/null)" == "global_step$end" ]] || fail "job C did not save into $dir"
 echo "job A killed at $last; job C resumed in $dir and saved global_step$end"
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "save directory lock: all checks passed"
+finish "save directory lock: all checks passed"

@@ -10,11 +10,7 @@ probe=$1
 shift
 mpiexec=("$@")
 message="zero3: the host thread touched device memory of the host backend outside stream work"
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 for np in 1 2; do
   for mode in touch-param touch-grad; do
@@ -45,5 +41,4 @@ $plain
 $guarded"
   echo "np $np: guard stops host-thread access to scope memory; training under it is unchanged"
 done
-[ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "scope-memory guard: all checks passed"
+finish "scope-memory guard: all checks passed"

@@ -14,11 +14,7 @@ mpiexec=("$@")
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 python3 - "$configs/zero3-fp16-dynamic.json" "$tmp" <<'PY'
 import json, sys

@@ -19,11 +19,7 @@ shift 4
 mpi_flags=("$@")
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 # 1. The README job: gpt-tiny-offload over 2 ranks reaches the floor.
 "$mpiexec" "${mpi_flags[@]}" -np 2 "$zero3" train --progress off --config "$configs/gpt-tiny-offload.json" \
@@ -215,8 +211,4 @@ for tag in global_step10 global_step20; do
 done
 "$zero3" ckpt info "$tmp/gather" >/dev/null 2>&1 || fail "the checkpoint with model.safetensors does not verify"
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "train CLI: all checks passed"
+finish "train CLI: all checks passed"

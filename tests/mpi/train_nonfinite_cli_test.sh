@@ -12,11 +12,7 @@ shift 3
 mpi_flags=("$@")
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 # The diverging job, with an optional zero3.nonfinite block.
 make_config() {  # OUT NONFINITE_JSON STEPS
@@ -71,8 +67,4 @@ else
   echo "high limit: the final held-out loss is not finite, exit $code"
 fi
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all passed"
+finish "all passed"

@@ -14,12 +14,7 @@ helper="$2"
 python="${ZERO3_PYTHON:-python3}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 # run EXPECTED_CODE ARGS...: runs zero3, leaves stdout/stderr in $tmp/out, $tmp/err.
 run() {
@@ -171,8 +166,4 @@ print("safetensors read back:", "ok" if ok else "MISMATCH")
 sys.exit(0 if ok else 1)
 EOF
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all ckpt CLI checks passed"
+finish "all ckpt CLI checks passed"

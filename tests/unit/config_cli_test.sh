@@ -9,12 +9,7 @@ configs="$2"
 fixtures="$3"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 # check EXPECTED_CODE FILE [ARGS...]: runs `zero3 config check`, leaves stdout/stderr in $tmp.
 check() {
@@ -93,8 +88,4 @@ expect_stderr comment "error: _comment: unknown key"
 "$zero3" config keys >"$tmp/out" 2>"$tmp/err" || fail "config keys failed"
 grep -q "stage3_prefetch_bucket_size" "$tmp/out" || fail "config keys lacks stage3_prefetch_bucket_size"
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all config CLI checks passed"
+finish "all config CLI checks passed"

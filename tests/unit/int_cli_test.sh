@@ -9,11 +9,7 @@ zero3=$1
 configs=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 cfg=$configs/gpt-tiny-offload.json
 
 # refused NAME EXPECTED_TEXT ARGS...: the run exits with status 2 in under 30 s, its output holds EXPECTED_TEXT
@@ -81,8 +77,4 @@ edited window_null "state.trainer.step_guard.detector.window[1]: expected a fini
   'm["state"]["trainer"]["step_guard"]["detector"]["window"] = [1.0, None]'
 edited manifest_step "step: -1 is out of range (at least 0)" 'm["step"] = -1'
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "int_cli: all passed"
+finish "int_cli: all passed"

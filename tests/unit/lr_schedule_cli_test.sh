@@ -9,13 +9,9 @@ configs="$2"
 fixtures="$3"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-failures=0
 steps=25
 
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 # run EXPECTED_CODE ARGS...: runs `zero3 config lr-schedule ARGS`, leaves stdout/stderr in $tmp.
 run() {
@@ -153,8 +149,4 @@ done
 "$zero3" config lr-schedule "$configs/zero3-fp16-dynamic.json" --steps 0 --world-size 2 >/dev/null 2>&1 &&
   fail "--steps 0 accepted"
 
-if [[ $failures -ne 0 ]]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all lr-schedule CLI checks passed"
+finish "all lr-schedule CLI checks passed"

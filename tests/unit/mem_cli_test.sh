@@ -10,11 +10,7 @@ zero3=$1
 configs=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 cfg=$configs/gpt-small.json
 
 "$zero3" mem plan --config "$cfg" --world-size 1 --json >"$tmp/p1.json" || fail "mem plan --world-size 1 failed"
@@ -130,5 +126,4 @@ grep -q "activation_checkpointing full + micro-batch 2 (accumulation 2)" <<<"$ou
   grep -q '"accumulation": {"policy": "memory"}' <<<"$out" ||
   fail "mem fit with micro-batch 4 proposes no checkpointing with a smaller micro-batch: $out"
 
-[ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "mem plan and mem fit: all checks passed"
+finish "mem plan and mem fit: all checks passed"

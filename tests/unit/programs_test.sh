@@ -8,11 +8,7 @@ set -u
 zero3="$1"
 bench="$2"
 version="$3"
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/../support/checks.sh"
 
 out="$("$zero3" --version 2>&1)"
 [ "$out" = "zero3 $version" ] || fail "zero3 --version printed '$out', expected 'zero3 $version'"
@@ -52,5 +48,4 @@ elif ! grep -qF "$missing is not an executable zero3 program" <<<"$out"; then
 fi
 rmdir "$(dirname "$missing")"
 
-[ "$failures" -eq 0 ] && echo "programs: ok (zero3 $version)"
-exit $((failures != 0))
+finish "programs: ok (zero3 $version)"
