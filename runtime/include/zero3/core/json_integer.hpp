@@ -1,7 +1,7 @@
 // What zero3 takes as an integer from JSON, in one place for every reader (the config, Hugging Face's
 // config.json, checkpoint manifests and trainer state): a JSON integer that int64 holds. nlohmann::json keeps
 // an integer past INT64_MAX as unsigned and its get<int64_t>() wraps it to a negative number, and it truncates
-// a float, so no reader calls get<int64_t>() on a value it has not passed through here. DeepSpeed configs may
+// a float, so a reader passes a value through here before it takes it as an int64. DeepSpeed configs may
 // write sizes as floats ("5e8"); a reader of those uses json_integer_or_integral_float. Header-only.
 //
 //   if (const auto n = zero3::json_integer(j); n && *n >= 1) layers = *n;   // 1, 2^40; not 1.5, -1, 2^64
